@@ -1,0 +1,28 @@
+# Ferry: `make test` is the one command that runs every test (CI calls it).
+GO ?= go
+PKGS := ./...
+
+.PHONY: test vet fmt build run bench fuzz
+
+test: fmt vet
+	$(GO) test -race -count=1 -timeout 12m $(PKGS)
+
+vet:
+	$(GO) vet $(PKGS)
+
+# gofmt must report nothing.
+fmt:
+	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+build:
+	$(GO) build -o bin/ferry ./cmd/ferry
+
+run:
+	$(GO) run ./cmd/ferry server
+
+# Short fuzzing sessions for the parsers (not part of `make test`).
+fuzz:
+	$(GO) test -run='^$$' -fuzz=FuzzParseCondition -fuzztime=30s ./internal/expr/
+	$(GO) test -run='^$$' -fuzz=FuzzParseTemplate -fuzztime=30s ./internal/expr/
+	$(GO) test -run='^$$' -fuzz=FuzzParse -fuzztime=30s ./internal/spec/

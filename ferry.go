@@ -1,0 +1,159 @@
+package ferry
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/api"
+	"github.com/ferryhq/ferry/internal/clock"
+	"github.com/ferryhq/ferry/internal/netguard"
+	"github.com/ferryhq/ferry/internal/runtime"
+	"github.com/ferryhq/ferry/internal/spec"
+	"github.com/ferryhq/ferry/internal/step/httpstep"
+	"github.com/ferryhq/ferry/internal/store"
+	"github.com/ferryhq/ferry/internal/store/postgres"
+	"github.com/ferryhq/ferry/internal/store/sqlite"
+)
+
+// DefaultDatabase is the embedded default: an SQLite file in the working
+// directory.
+const DefaultDatabase = "sqlite:./ferry.db"
+
+// Config configures an Engine. The zero value runs on DefaultDatabase.
+type Config struct {
+	// Database is "sqlite:PATH" or a postgres:// URL.
+	Database string
+	// PublicURL is the base of webhook callback URLs
+	// (e.g. https://ferry.example.com).
+	PublicURL string
+	// EgressAllow lists CIDRs and host names that HTTP steps may reach
+	// besides public addresses (comma-separated).
+	EgressAllow string
+	// Migrate applies pending migrations on Open.
+	Migrate bool
+	// MaxDefinitionBytes and MaxSteps bound workflow definitions
+	// (defaults 256 KB and 100).
+	MaxDefinitionBytes int
+	MaxSteps           int
+	// Concurrency bounds queue items processed at once (default 64).
+	Concurrency int
+	// Lease is how long claimed work is held before another node may take
+	// it over (default 30s).
+	Lease time.Duration
+	// SafetyTick bounds how long the dispatcher sleeps without a wake-up
+	// (default 5s).
+	SafetyTick time.Duration
+	Logger     *slog.Logger
+}
+
+// Engine is a running Ferry instance.
+type Engine struct {
+	store store.Store
+	rt    *runtime.Runtime
+	api   *api.Server
+	log   *slog.Logger
+}
+
+// OpenStore opens the store named by a database URL.
+func OpenStore(ctx context.Context, database string) (store.Store, error) {
+	switch {
+	case database == "":
+		database = DefaultDatabase
+		fallthrough
+	case strings.HasPrefix(database, "sqlite:"):
+		path := strings.TrimPrefix(strings.TrimPrefix(database, "sqlite:"), "//")
+		return sqlite.Open(path)
+	case strings.HasPrefix(database, "postgres://"), strings.HasPrefix(database, "postgresql://"):
+		return postgres.Open(ctx, database)
+	}
+	return nil, fmt.Errorf("database %q: use sqlite:PATH or a postgres:// URL", database)
+}
+
+// Open opens the database and builds the engine. Call Run to execute work
+// and serve Handler over HTTP.
+func Open(ctx context.Context, cfg Config) (*Engine, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	policy, err := netguard.ParsePolicy(cfg.EgressAllow)
+	if err != nil {
+		return nil, fmt.Errorf("egress allow list: %w", err)
+	}
+	st, err := OpenStore(ctx, cfg.Database)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Migrate {
+		if err := st.Migrate(ctx); err != nil {
+			st.Close()
+			return nil, fmt.Errorf("migrate: %w", err)
+		}
+	}
+	limits := spec.DefaultLimits
+	if cfg.MaxDefinitionBytes > 0 {
+		limits.MaxBytes = cfg.MaxDefinitionBytes
+	}
+	if cfg.MaxSteps > 0 {
+		limits.MaxSteps = cfg.MaxSteps
+	}
+	rt := runtime.New(runtime.Config{
+		Store:       st,
+		HTTP:        httpstep.New(policy.Transport()),
+		Clock:       clock.Real{},
+		Logger:      cfg.Logger,
+		PublicURL:   cfg.PublicURL,
+		Concurrency: cfg.Concurrency,
+		Lease:       cfg.Lease,
+		SafetyTick:  cfg.SafetyTick,
+	})
+	srv := api.New(api.Config{Store: st, Runtime: rt, Limits: limits, Logger: cfg.Logger})
+	return &Engine{store: st, rt: rt, api: srv, log: cfg.Logger}, nil
+}
+
+// Handler serves the REST API, webhook callbacks and /healthz.
+func (e *Engine) Handler() http.Handler { return e.api }
+
+// Run executes due work until ctx ends.
+func (e *Engine) Run(ctx context.Context) error { return e.rt.Run(ctx) }
+
+// Close releases the database.
+func (e *Engine) Close() error { return e.store.Close() }
+
+// Store exposes the underlying store to tools and tests in this module.
+func (e *Engine) Store() store.Store { return e.store }
+
+// EnsureAPIKey makes key a valid admin key. With an empty key it creates one
+// when none exists yet and returns it (it is shown once: only its hash is
+// stored); otherwise it returns "".
+func (e *Engine) EnsureAPIKey(ctx context.Context, key string) (string, error) {
+	if key != "" {
+		return "", e.store.AddAPIKey(ctx, "env", api.HashKey(key))
+	}
+	has, err := e.store.HasAPIKeys(ctx)
+	if err != nil {
+		return "", err
+	}
+	if has {
+		return "", nil
+	}
+	key = "fry_" + rand.Text()
+	if err := e.store.AddAPIKey(ctx, "admin", api.HashKey(key)); err != nil {
+		return "", err
+	}
+	return key, nil
+}
+
+// Migrate applies pending migrations to the database.
+func Migrate(ctx context.Context, database string) error {
+	st, err := OpenStore(ctx, database)
+	if err != nil {
+		return err
+	}
+	return errors.Join(st.Migrate(ctx), st.Close())
+}

@@ -1,0 +1,78 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+
+	"github.com/ferryhq/ferry/internal/runtime"
+	"github.com/ferryhq/ferry/internal/spec"
+	"github.com/ferryhq/ferry/internal/store"
+)
+
+// Error codes returned in {"error": {"code": ...}}. Clients branch on them.
+const (
+	CodeUnauthorized     = "unauthorized"
+	CodeNotFound         = "not_found"
+	CodeInvalidJSON      = "invalid_json"
+	CodeInvalidWorkflow  = "invalid_workflow"
+	CodeInvalidParameter = "invalid_parameter"
+	CodeAlreadyExists    = "already_exists"
+	CodeConflict         = "conflict"
+	CodeAlreadyDelivered = "already_delivered"
+	CodeRunFinished      = "run_finished"
+	CodeDisabled         = "workflow_disabled"
+	CodeTooLarge         = "too_large"
+	CodeInternal         = "internal"
+)
+
+// ErrorBody is the error envelope.
+type ErrorBody struct {
+	Error ErrorDetail `json:"error"`
+}
+
+// ErrorDetail describes what went wrong; Details locate each problem.
+type ErrorDetail struct {
+	Code    string            `json:"code"`
+	Message string            `json:"message"`
+	Details []spec.FieldError `json:"details,omitempty"`
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+}
+
+func writeData(w http.ResponseWriter, code int, v any) {
+	writeJSON(w, code, map[string]any{"data": v})
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string, details ...spec.FieldError) {
+	writeJSON(w, status, ErrorBody{ErrorDetail{Code: code, Message: msg, Details: details}})
+}
+
+// writeStoreError maps domain errors to HTTP; anything unexpected is a 500
+// that is logged, with no internals in the body.
+func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
+	var ve *spec.ValidationError
+	switch {
+	case errors.As(err, &ve):
+		writeError(w, http.StatusUnprocessableEntity, CodeInvalidWorkflow, "the workflow definition is invalid", ve.Errors...)
+	case errors.Is(err, store.ErrNotFound):
+		writeError(w, http.StatusNotFound, CodeNotFound, err.Error())
+	case errors.Is(err, store.ErrConflict):
+		writeError(w, http.StatusConflict, CodeAlreadyExists, err.Error())
+	case errors.Is(err, runtime.ErrAlreadyDelivered):
+		writeError(w, http.StatusConflict, CodeAlreadyDelivered, err.Error())
+	case errors.Is(err, runtime.ErrRunFinished):
+		writeError(w, http.StatusConflict, CodeRunFinished, err.Error())
+	case errors.Is(err, runtime.ErrDisabled):
+		writeError(w, http.StatusConflict, CodeDisabled, err.Error())
+	default:
+		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeError(w, http.StatusInternalServerError, CodeInternal, "internal error")
+	}
+}

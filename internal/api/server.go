@@ -1,0 +1,475 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	_ "embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/runtime"
+	"github.com/ferryhq/ferry/internal/spec"
+	"github.com/ferryhq/ferry/internal/store"
+)
+
+//go:embed openapi.yaml
+var openAPI []byte
+
+// OpenAPI returns the OpenAPI document describing this API.
+func OpenAPI() []byte { return openAPI }
+
+// MaxTriggerBody and MaxWebhookBody bound request bodies.
+const (
+	MaxTriggerBody = 1 << 20
+	MaxWebhookBody = 1 << 20
+)
+
+// Config wires the server.
+type Config struct {
+	Store   store.Store
+	Runtime *runtime.Runtime
+	Limits  spec.Limits
+	Logger  *slog.Logger
+}
+
+// Server serves the HTTP API.
+type Server struct {
+	st     store.Store
+	rt     *runtime.Runtime
+	limits spec.Limits
+	log    *slog.Logger
+	mux    *http.ServeMux
+
+	keyMu sync.RWMutex
+	keys  map[string]bool // verified key hashes
+}
+
+// New builds the API server.
+func New(cfg Config) *Server {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Limits == (spec.Limits{}) {
+		cfg.Limits = spec.DefaultLimits
+	}
+	s := &Server{st: cfg.Store, rt: cfg.Runtime, limits: cfg.Limits, log: cfg.Logger, mux: http.NewServeMux(), keys: map[string]bool{}}
+	s.routes()
+	return s
+}
+
+// Routes lists every route as "METHOD /pattern"; tests compare it with the
+// OpenAPI document.
+var Routes = []string{
+	"GET /healthz",
+	"GET /openapi.yaml",
+	"POST /wh/{token}",
+	"POST /api/v1/workflows",
+	"GET /api/v1/workflows",
+	"GET /api/v1/workflows/{id}",
+	"PUT /api/v1/workflows/{id}",
+	"DELETE /api/v1/workflows/{id}",
+	"POST /api/v1/workflows/{id}/trigger",
+	"GET /api/v1/workflows/{id}/runs",
+	"GET /api/v1/workflows/{id}/runs/{run_id}",
+	"POST /api/v1/workflows/{id}/runs/{run_id}/cancel",
+	"GET /api/v1/runs/{run_id}",
+	"POST /api/v1/runs/{run_id}/cancel",
+	"GET /api/v1/runs/{run_id}/events",
+}
+
+func (s *Server) routes() {
+	h := map[string]http.HandlerFunc{
+		"GET /healthz":                                     s.healthz,
+		"GET /openapi.yaml":                                s.openapi,
+		"POST /wh/{token}":                                 s.webhook,
+		"POST /api/v1/workflows":                           s.auth(s.createWorkflow),
+		"GET /api/v1/workflows":                            s.auth(s.listWorkflows),
+		"GET /api/v1/workflows/{id}":                       s.auth(s.getWorkflow),
+		"PUT /api/v1/workflows/{id}":                       s.auth(s.updateWorkflow),
+		"DELETE /api/v1/workflows/{id}":                    s.auth(s.deleteWorkflow),
+		"POST /api/v1/workflows/{id}/trigger":              s.auth(s.trigger),
+		"GET /api/v1/workflows/{id}/runs":                  s.auth(s.listRuns),
+		"GET /api/v1/workflows/{id}/runs/{run_id}":         s.auth(s.getRun),
+		"POST /api/v1/workflows/{id}/runs/{run_id}/cancel": s.auth(s.cancelRun),
+		"GET /api/v1/runs/{run_id}":                        s.auth(s.getRun),
+		"POST /api/v1/runs/{run_id}/cancel":                s.auth(s.cancelRun),
+		"GET /api/v1/runs/{run_id}/events":                 s.auth(s.listEvents),
+	}
+	for _, r := range Routes {
+		s.mux.HandleFunc(r, h[r])
+	}
+	// Anything else under the API is a JSON 404, not the mux's text page.
+	s.mux.HandleFunc("/api/", s.auth(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, CodeNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
+	}))
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// HashKey is how API keys are stored: SHA-256, hex.
+func HashKey(key string) string {
+	h := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(h[:])
+}
+
+func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		key, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || key == "" {
+			writeError(w, http.StatusUnauthorized, CodeUnauthorized, "missing API key: send Authorization: Bearer <key>")
+			return
+		}
+		good, err := s.checkKey(r.Context(), key)
+		if err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+		if !good {
+			writeError(w, http.StatusUnauthorized, CodeUnauthorized, "invalid API key")
+			return
+		}
+		next(w, r)
+	}
+}
+
+func (s *Server) checkKey(ctx context.Context, key string) (bool, error) {
+	hash := HashKey(key)
+	s.keyMu.RLock()
+	for k := range s.keys {
+		if subtle.ConstantTimeCompare([]byte(k), []byte(hash)) == 1 {
+			s.keyMu.RUnlock()
+			return true, nil
+		}
+	}
+	s.keyMu.RUnlock()
+	ok, err := s.st.APIKeyExists(ctx, hash)
+	if err != nil || !ok {
+		return false, err
+	}
+	s.keyMu.Lock()
+	s.keys[hash] = true
+	s.keyMu.Unlock()
+	return true, nil
+}
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if _, err := s.st.HasAPIKeys(ctx); err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "unavailable", "error": "database unreachable"})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "database": s.st.Dialect()})
+}
+
+func (s *Server) openapi(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/yaml")
+	_, _ = w.Write(openAPI)
+}
+
+// readBody reads at most limit bytes; a larger body is a 413.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, bool) {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge, CodeTooLarge, fmt.Sprintf("request body exceeds %d bytes", limit))
+		} else {
+			writeError(w, http.StatusBadRequest, CodeInvalidJSON, "could not read request body")
+		}
+		return nil, false
+	}
+	return b, true
+}
+
+func page(w http.ResponseWriter, r *http.Request) (store.Page, bool) {
+	p := store.Page{Cursor: r.URL.Query().Get("cursor")}
+	if l := r.URL.Query().Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > 500 {
+			writeError(w, http.StatusBadRequest, CodeInvalidParameter, "limit must be a whole number from 1 to 500",
+				spec.FieldError{Path: "limit", Code: CodeInvalidParameter, Message: "limit must be 1..500"})
+			return p, false
+		}
+		p.Limit = n
+	}
+	return p, true
+}
+
+func writeList(w http.ResponseWriter, items any, next string) {
+	body := map[string]any{"data": items}
+	if next != "" {
+		body["next_cursor"] = next
+	} else {
+		body["next_cursor"] = nil
+	}
+	writeJSON(w, http.StatusOK, body)
+}
+
+// ---- workflows ----
+
+func (s *Server) parseDefinition(w http.ResponseWriter, r *http.Request) (*spec.Workflow, bool) {
+	limit := int64(s.limits.MaxBytes)
+	if limit <= 0 {
+		limit = int64(spec.DefaultLimits.MaxBytes)
+	}
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		writeError(w, http.StatusRequestEntityTooLarge, CodeInvalidWorkflow, fmt.Sprintf("definition exceeds %d bytes", limit),
+			spec.FieldError{Path: "", Code: spec.CodeTooLarge, Message: fmt.Sprintf("definition exceeds the %d byte limit", limit)})
+		return nil, false
+	}
+	def, err := spec.Parse(b, s.limits)
+	if err != nil {
+		var ve *spec.ValidationError
+		if errors.As(err, &ve) && len(ve.Errors) == 1 && ve.Errors[0].Code == spec.CodeInvalidJSON {
+			writeError(w, http.StatusBadRequest, CodeInvalidJSON, ve.Errors[0].Message, ve.Errors...)
+			return nil, false
+		}
+		s.writeErr(w, r, err)
+		return nil, false
+	}
+	return def, true
+}
+
+func (s *Server) createWorkflow(w http.ResponseWriter, r *http.Request) {
+	def, ok := s.parseDefinition(w, r)
+	if !ok {
+		return
+	}
+	wf, err := s.st.CreateWorkflow(r.Context(), &store.Workflow{Name: def.Name, Definition: def.Source, Fingerprint: def.Fingerprint(), Enabled: def.Enabled})
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeData(w, http.StatusCreated, workflowJSON(wf, def, false))
+}
+
+func (s *Server) updateWorkflow(w http.ResponseWriter, r *http.Request) {
+	def, ok := s.parseDefinition(w, r)
+	if !ok {
+		return
+	}
+	wf, err := s.st.UpdateWorkflow(r.Context(), r.PathValue("id"), &store.Workflow{Name: def.Name, Definition: def.Source, Fingerprint: def.Fingerprint(), Enabled: def.Enabled})
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeData(w, http.StatusOK, workflowJSON(wf, def, true))
+}
+
+func (s *Server) loadDef(ctx context.Context, wf *store.Workflow) (*spec.Workflow, error) {
+	return s.rt.Definition(ctx, wf.ID, wf.Version)
+}
+
+func (s *Server) getWorkflow(w http.ResponseWriter, r *http.Request) {
+	wf, err := s.st.GetWorkflow(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	def, err := s.loadDef(r.Context(), wf)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeData(w, http.StatusOK, workflowJSON(wf, def, true))
+}
+
+func (s *Server) listWorkflows(w http.ResponseWriter, r *http.Request) {
+	p, ok := page(w, r)
+	if !ok {
+		return
+	}
+	wfs, next, err := s.st.ListWorkflows(r.Context(), p)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	out := make([]any, 0, len(wfs))
+	for _, wf := range wfs {
+		def, err := s.loadDef(r.Context(), wf)
+		if err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+		out = append(out, workflowJSON(wf, def, false))
+	}
+	writeList(w, out, next)
+}
+
+func (s *Server) deleteWorkflow(w http.ResponseWriter, r *http.Request) {
+	if err := s.st.DeleteWorkflow(r.Context(), r.PathValue("id")); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// ---- runs ----
+
+// Headers that carry credentials are not exposed to templates as
+// trigger.headers.
+var privateHeaders = map[string]bool{"Authorization": true, "Cookie": true, "Proxy-Authorization": true}
+
+func (s *Server) trigger(w http.ResponseWriter, r *http.Request) {
+	b, ok := readBody(w, r, MaxTriggerBody)
+	if !ok {
+		return
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
+		b = []byte("{}")
+	}
+	if !json.Valid(b) {
+		var v any
+		err := json.Unmarshal(b, &v)
+		writeError(w, http.StatusBadRequest, CodeInvalidJSON, "trigger body must be JSON", spec.FieldError{Path: "", Code: CodeInvalidJSON, Message: err.Error()})
+		return
+	}
+	headers := map[string]string{}
+	for k, v := range r.Header {
+		if !privateHeaders[k] && len(v) > 0 {
+			headers[k] = v[0]
+		}
+	}
+	var compact bytes.Buffer
+	_ = json.Compact(&compact, b)
+	run, created, err := s.rt.Trigger(r.Context(), runtime.TriggerRequest{
+		Workflow: r.PathValue("id"), Input: compact.Bytes(), Headers: headers,
+		IdempotencyKey: r.Header.Get("Idempotency-Key"),
+	})
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	code := http.StatusCreated
+	if !created {
+		code = http.StatusOK
+	}
+	writeData(w, code, map[string]any{
+		"run_id": run.ID, "workflow_id": run.WorkflowID, "version": run.Version,
+		"status": run.Status, "started_at": run.StartedAt.UTC(),
+	})
+}
+
+func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
+	p, ok := page(w, r)
+	if !ok {
+		return
+	}
+	wf, err := s.st.GetWorkflow(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	runs, next, err := s.st.ListRuns(r.Context(), wf.ID, p)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	out := make([]any, 0, len(runs))
+	for _, run := range runs {
+		out = append(out, runJSON(run, nil, s.rt))
+	}
+	writeList(w, out, next)
+}
+
+// runFor loads a run; under /workflows/{id}/runs the run must belong to that
+// workflow.
+func (s *Server) runFor(w http.ResponseWriter, r *http.Request) (*store.Run, []*store.StepRun, bool) {
+	run, steps, err := s.st.GetRun(r.Context(), r.PathValue("run_id"))
+	if err != nil {
+		s.writeErr(w, r, err)
+		return nil, nil, false
+	}
+	if ref := r.PathValue("id"); ref != "" && ref != run.WorkflowID && ref != run.WorkflowName {
+		writeError(w, http.StatusNotFound, CodeNotFound, fmt.Sprintf("run %q does not belong to workflow %q", run.ID, ref))
+		return nil, nil, false
+	}
+	return run, steps, true
+}
+
+func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
+	run, steps, ok := s.runFor(w, r)
+	if !ok {
+		return
+	}
+	writeData(w, http.StatusOK, runJSON(run, steps, s.rt))
+}
+
+func (s *Server) cancelRun(w http.ResponseWriter, r *http.Request) {
+	if _, _, ok := s.runFor(w, r); !ok {
+		return
+	}
+	if _, err := s.rt.Cancel(r.Context(), r.PathValue("run_id")); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	run, steps, err := s.st.GetRun(r.Context(), r.PathValue("run_id"))
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeData(w, http.StatusOK, runJSON(run, steps, s.rt))
+}
+
+func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) {
+	if _, _, ok := s.runFor(w, r); !ok {
+		return
+	}
+	after := int64(0)
+	if a := r.URL.Query().Get("after"); a != "" {
+		n, err := strconv.ParseInt(a, 10, 64)
+		if err != nil || n < 0 {
+			writeError(w, http.StatusBadRequest, CodeInvalidParameter, "after must be a non-negative sequence number",
+				spec.FieldError{Path: "after", Code: CodeInvalidParameter, Message: "not a sequence number"})
+			return
+		}
+		after = n
+	}
+	evs, err := s.st.ListEvents(r.Context(), r.PathValue("run_id"), after, 1000)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	if evs == nil {
+		evs = []*store.Event{}
+	}
+	writeData(w, http.StatusOK, evs)
+}
+
+// ---- webhook callbacks ----
+
+func (s *Server) webhook(w http.ResponseWriter, r *http.Request) {
+	b, ok := readBody(w, r, MaxWebhookBody)
+	if !ok {
+		return
+	}
+	headers := map[string]string{}
+	for k, v := range r.Header {
+		if !privateHeaders[k] && len(v) > 0 {
+			headers[k] = v[0]
+		}
+	}
+	if err := s.rt.DeliverWebhook(r.Context(), r.PathValue("token"), b, headers); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			writeError(w, http.StatusNotFound, CodeNotFound, "unknown callback token")
+			return
+		}
+		s.writeErr(w, r, err)
+		return
+	}
+	writeData(w, http.StatusAccepted, map[string]any{"status": "accepted"})
+}

@@ -1,0 +1,121 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ferryhq/ferry"
+)
+
+func serverCmd() *cobra.Command {
+	var (
+		listen, database, publicURL, egress string
+		migrate                             bool
+		lease, tick                         time.Duration
+		logLevel                            string
+	)
+	cmd := &cobra.Command{
+		Use:   "server",
+		Short: "Run the Ferry server (API, webhook callbacks and the dispatcher)",
+		Long: `Run the Ferry server on the embedded SQLite file (default) or Postgres.
+
+On first start without FERRY_API_KEY it creates an admin API key and prints
+it once; only its hash is stored.`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var lvl slog.Level
+			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
+				return fmt.Errorf("--log-level: %w", err)
+			}
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			if publicURL == "" {
+				publicURL = "http://" + listen
+			}
+			eng, err := ferry.Open(ctx, ferry.Config{
+				Database: database, PublicURL: publicURL, EgressAllow: egress,
+				Migrate: migrate, Lease: lease, SafetyTick: tick, Logger: log,
+			})
+			if err != nil {
+				return err
+			}
+			defer eng.Close()
+			key, err := eng.EnsureAPIKey(ctx, os.Getenv("FERRY_API_KEY"))
+			if err != nil {
+				return fmt.Errorf("api key: %w", err)
+			}
+			if key != "" {
+				fmt.Fprintf(cmd.OutOrStdout(), "Created admin API key (shown once, store it now):\n\n  FERRY_API_KEY=%s\n\n", key)
+			}
+			ln, err := net.Listen("tcp", listen)
+			if err != nil {
+				return fmt.Errorf("listen on %s: %w", listen, err)
+			}
+			srv := &http.Server{Handler: eng.Handler(), ReadHeaderTimeout: 10 * time.Second}
+			runDone := make(chan error, 1)
+			go func() { runDone <- eng.Run(ctx) }()
+			srvDone := make(chan error, 1)
+			go func() { srvDone <- srv.Serve(ln) }()
+			fmt.Fprintf(cmd.OutOrStdout(), "ferry listening on http://%s (database %s)\n", ln.Addr(), redact(database))
+			select {
+			case <-ctx.Done():
+			case err := <-srvDone:
+				stop()
+				return err
+			}
+			shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			if err := srv.Shutdown(shutCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Warn("http shutdown", "err", err)
+			}
+			return <-runDone
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&listen, "listen", envOr("FERRY_LISTEN", "127.0.0.1:8080"), "address to listen on (FERRY_LISTEN)")
+	f.StringVar(&database, "database", envOr("FERRY_DATABASE", ferry.DefaultDatabase), "sqlite:PATH or postgres:// URL (FERRY_DATABASE)")
+	f.StringVar(&publicURL, "public-url", envOr("FERRY_PUBLIC_URL", ""), "base URL for webhook callbacks (FERRY_PUBLIC_URL; default http://<listen>)")
+	f.StringVar(&egress, "egress-allow", envOr("FERRY_EGRESS_ALLOW", ""), "CIDRs and host names HTTP steps may reach besides public addresses (FERRY_EGRESS_ALLOW)")
+	f.BoolVar(&migrate, "migrate", true, "apply pending database migrations at start")
+	f.DurationVar(&lease, "lease", 30*time.Second, "how long claimed work is held before another node may take it over")
+	f.DurationVar(&tick, "safety-tick", 5*time.Second, "longest dispatcher sleep without a wake-up")
+	f.StringVar(&logLevel, "log-level", envOr("FERRY_LOG_LEVEL", "info"), "debug, info, warn or error (FERRY_LOG_LEVEL)")
+	return cmd
+}
+
+func migrateCmd() *cobra.Command {
+	var database string
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Apply pending database migrations",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := ferry.Migrate(cmd.Context(), database); err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), "migrations applied")
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&database, "database", envOr("FERRY_DATABASE", ferry.DefaultDatabase), "sqlite:PATH or postgres:// URL (FERRY_DATABASE)")
+	return cmd
+}
+
+// redact hides a Postgres password in logs.
+func redact(db string) string {
+	if u, err := urlParse(db); err == nil && u.User != nil {
+		if _, ok := u.User.Password(); ok {
+			return u.Redacted()
+		}
+	}
+	return db
+}

@@ -1,0 +1,277 @@
+package engine
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/expr"
+	"github.com/ferryhq/ferry/internal/spec"
+	"github.com/ferryhq/ferry/internal/status"
+)
+
+// StepState is what the engine knows of one step of a run.
+type StepState struct {
+	Status     string
+	StatusCode *int
+	Body       []byte // raw response body or webhook payload
+	Headers    map[string]string
+	Truncated  bool
+	// Blocked marks a step skipped because a dependency failed and the step
+	// had no `if` to route around it; a run with a blocked step is failed.
+	Blocked bool
+}
+
+// Run is the input of a decision: the definition, the trigger and the state
+// of every step. Steps absent from the map are pending.
+type Run struct {
+	Def            *spec.Workflow
+	TriggerBody    json.RawMessage
+	TriggerHeaders map[string]string
+	Steps          map[string]StepState
+	WaitURLs       map[string]string
+}
+
+// Action says what happens to a step.
+type Action string
+
+const (
+	Skip          Action = "skip"
+	TemplateError Action = "template_error"
+	StartHTTP     Action = "start_http"
+	StartSleep    Action = "start_sleep"
+	StartWait     Action = "start_wait"
+)
+
+// HTTPRequest is an HTTP step with its templates resolved.
+type HTTPRequest struct {
+	URL     string            `json:"url"`
+	Method  string            `json:"method"`
+	Headers map[string]string `json:"headers,omitempty"`
+	Body    []byte            `json:"body,omitempty"`
+}
+
+// Decision is one step's next move.
+type Decision struct {
+	Step    string
+	Action  Action
+	Reason  string // why a step was skipped, or the template error
+	Blocked bool
+	HTTP    *HTTPRequest
+	Sleep   time.Duration
+	Timeout time.Duration // wait_for_webhook timeout; 0 = none
+}
+
+// Next returns the decisions for every step that can move now, in definition
+// order. Skips and template errors are terminal, so their consequences are
+// followed to a fixpoint: a skip cascades down a chain in one call.
+func Next(r Run) []Decision {
+	states := make(map[string]StepState, len(r.Steps))
+	for k, v := range r.Steps {
+		states[k] = v
+	}
+	var out []Decision
+	for changed := true; changed; {
+		changed = false
+		for _, st := range r.Def.Steps {
+			cur, ok := states[st.Name]
+			if ok && cur.Status != status.StepPending && cur.Status != "" {
+				continue
+			}
+			if !needsTerminal(st, states) {
+				continue
+			}
+			d := decide(r, st, states)
+			out = append(out, d)
+			switch d.Action {
+			case Skip:
+				states[st.Name] = StepState{Status: status.StepSkipped, Blocked: d.Blocked}
+				changed = true
+			case TemplateError:
+				states[st.Name] = StepState{Status: status.StepTemplateError}
+				changed = true
+			case StartHTTP:
+				states[st.Name] = StepState{Status: status.StepRunning}
+			case StartSleep:
+				states[st.Name] = StepState{Status: status.StepSleeping}
+			case StartWait:
+				states[st.Name] = StepState{Status: status.StepWaiting}
+			}
+		}
+	}
+	return out
+}
+
+func needsTerminal(st *spec.Step, states map[string]StepState) bool {
+	for _, n := range st.Needs {
+		if !status.StepTerminal(states[n].Status) {
+			return false
+		}
+	}
+	return true
+}
+
+func decide(r Run, st *spec.Step, states map[string]StepState) Decision {
+	if st.Cond == nil && st.If == "" {
+		for _, n := range st.Needs {
+			s := states[n].Status
+			if s == status.StepSkipped {
+				return Decision{Step: st.Name, Action: Skip, Reason: fmt.Sprintf("dependency %q was skipped", n)}
+			}
+			if status.StepFailure(s) {
+				return Decision{Step: st.Name, Action: Skip, Blocked: true, Reason: fmt.Sprintf("blocked: dependency %q ended %s", n, s)}
+			}
+		}
+	} else {
+		cond := st.Cond
+		if cond == nil {
+			c, err := expr.ParseCondition(st.If)
+			if err != nil {
+				return Decision{Step: st.Name, Action: TemplateError, Reason: fmt.Sprintf("invalid condition: %v", err)}
+			}
+			cond = c
+		}
+		if !cond.Eval(scope(r, states)) {
+			return Decision{Step: st.Name, Action: Skip, Reason: "condition is false: " + st.If}
+		}
+	}
+	switch st.Type {
+	case spec.StepSleep:
+		return Decision{Step: st.Name, Action: StartSleep, Sleep: st.Sleep}
+	case spec.StepWebhook:
+		return Decision{Step: st.Name, Action: StartWait, Timeout: st.WaitTimeout}
+	}
+	req, err := renderHTTP(st, scope(r, states))
+	if err != nil {
+		return Decision{Step: st.Name, Action: TemplateError, Reason: templateMessage(err)}
+	}
+	return Decision{Step: st.Name, Action: StartHTTP, HTTP: req}
+}
+
+// templateMessage keeps the seed's exact sentence for truncated bodies, which
+// already names the path and the cause.
+func templateMessage(err error) string {
+	var re *expr.ResolveError
+	if errors.As(err, &re) && strings.HasPrefix(re.Reason, "Cannot read ") {
+		return re.Reason
+	}
+	return err.Error()
+}
+
+func renderHTTP(st *spec.Step, sc *expr.Scope) (*HTTPRequest, error) {
+	u, err := expr.RenderString(st.URL, sc)
+	if err != nil {
+		return nil, err
+	}
+	if pu, perr := url.Parse(u); perr != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+		return nil, fmt.Errorf("url %q (after templates) is not an absolute http or https URL", u)
+	}
+	req := &HTTPRequest{URL: u, Method: st.Method}
+	if len(st.Headers) > 0 {
+		req.Headers = make(map[string]string, len(st.Headers))
+		for k, v := range st.Headers {
+			rv, err := expr.RenderString(v, sc)
+			if err != nil {
+				return nil, err
+			}
+			req.Headers[k] = rv
+		}
+	}
+	if st.HasBody {
+		v, err := expr.RenderJSON(st.Body, sc)
+		if err != nil {
+			return nil, err
+		}
+		if s, ok := v.(string); ok {
+			// A string body is sent as written, not as a JSON string.
+			req.Body = []byte(s)
+		} else {
+			var buf bytes.Buffer
+			enc := json.NewEncoder(&buf)
+			enc.SetEscapeHTML(false)
+			if err := enc.Encode(v); err != nil {
+				return nil, fmt.Errorf("encode body: %w", err)
+			}
+			req.Body = bytes.TrimRight(buf.Bytes(), "\n")
+		}
+	}
+	return req, nil
+}
+
+// scope exposes finished steps to templates and conditions. Skipped steps
+// read as status "skipped" with null status_code and body (the seed's rule).
+func scope(r Run, states map[string]StepState) *expr.Scope {
+	sc := &expr.Scope{
+		TriggerBody:    decodeJSON(r.TriggerBody),
+		TriggerHeaders: r.TriggerHeaders,
+		Tasks:          map[string]expr.StepResult{},
+		WaitURLs:       r.WaitURLs,
+	}
+	for name, s := range states {
+		if !status.StepTerminal(s.Status) {
+			continue
+		}
+		res := expr.StepResult{Status: s.Status, StatusCode: s.StatusCode, Headers: s.Headers, Truncated: s.Truncated}
+		if s.Truncated {
+			res.BodyRaw = string(s.Body)
+		} else if len(s.Body) > 0 {
+			if v, ok := tryJSON(s.Body); ok {
+				res.Body, res.BodyJSON = v, true
+			} else {
+				res.BodyRaw = string(s.Body)
+			}
+		}
+		sc.Tasks[name] = res
+	}
+	return sc
+}
+
+func decodeJSON(raw []byte) any {
+	v, _ := tryJSON(raw)
+	return v
+}
+
+func tryJSON(raw []byte) (any, bool) {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return nil, false
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil || dec.More() {
+		return nil, false
+	}
+	return v, true
+}
+
+// Outcome is a run's status computed from its steps.
+type Outcome struct {
+	Status string // a run status
+	Done   bool
+	Reason string
+}
+
+// Evaluate says whether the run is finished. Following the seed, a run whose
+// steps are all terminal is completed whatever their outcomes, because the
+// step statuses tell the story; it is failed only when a failure blocked a
+// step that had no `if` to route around it, so the design could not proceed.
+func Evaluate(def *spec.Workflow, steps map[string]StepState) Outcome {
+	var blocked []string
+	for _, st := range def.Steps {
+		s := steps[st.Name]
+		if !status.StepTerminal(s.Status) {
+			return Outcome{Status: status.RunRunning}
+		}
+		if s.Blocked {
+			blocked = append(blocked, st.Name)
+		}
+	}
+	if len(blocked) > 0 {
+		return Outcome{Status: status.RunFailed, Done: true, Reason: "blocked by a failed dependency: " + strings.Join(blocked, ", ")}
+	}
+	return Outcome{Status: status.RunCompleted, Done: true}
+}

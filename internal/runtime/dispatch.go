@@ -1,0 +1,298 @@
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/engine"
+	"github.com/ferryhq/ferry/internal/status"
+	"github.com/ferryhq/ferry/internal/step/httpstep"
+	"github.com/ferryhq/ferry/internal/store"
+)
+
+// Run dispatches due work until ctx is cancelled, then waits for in-flight
+// items to finish (their contexts are cancelled; they record nothing that a
+// later claim would not redo).
+func (r *Runtime) Run(ctx context.Context) error {
+	if n, ok := r.st.(store.Notifier); ok {
+		wakeups := n.Wakeups(ctx)
+		go func() {
+			for range wakeups {
+				r.Nudge()
+			}
+		}()
+	}
+	lastSweep := r.clk.Now()
+	for {
+		if err := ctx.Err(); err != nil {
+			r.wg.Wait()
+			return nil
+		}
+		free := cap(r.sem) - len(r.sem)
+		claimed := 0
+		if free > 0 {
+			items, err := r.st.Claim(ctx, r.clk.Now(), r.cfg.Lease, free)
+			if err != nil && ctx.Err() == nil {
+				r.log.Error("claim failed", "err", err)
+			}
+			claimed = len(items)
+			for _, it := range items {
+				r.sem <- struct{}{}
+				r.wg.Add(1)
+				go func(it *store.QueueItem) {
+					defer func() { <-r.sem; r.wg.Done(); r.Nudge() }()
+					r.process(ctx, it)
+				}(it)
+			}
+		}
+		if now := r.clk.Now(); now.Sub(lastSweep) > time.Minute {
+			lastSweep = now
+			if n, err := r.st.Sweep(ctx); err != nil && ctx.Err() == nil {
+				r.log.Warn("sweep failed", "err", err)
+			} else if n > 0 {
+				r.log.Info("swept orphaned queue items", "count", n)
+			}
+		}
+		if claimed > 0 && claimed == free {
+			// More may be due: go round again once a slot frees up.
+			select {
+			case <-ctx.Done():
+			case <-r.wake:
+			}
+			continue
+		}
+		r.sleepUntilDue(ctx)
+	}
+}
+
+func (r *Runtime) sleepUntilDue(ctx context.Context) {
+	wait := r.cfg.SafetyTick
+	next, ok, err := r.st.NextDue(ctx)
+	if err != nil && ctx.Err() == nil {
+		r.log.Warn("next due failed", "err", err)
+	}
+	if ok {
+		if d := next.Sub(r.clk.Now()); d < wait {
+			wait = d
+		}
+	}
+	if wait <= 0 {
+		return
+	}
+	t := r.clk.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-r.wake:
+	case <-t.C():
+	}
+}
+
+func (r *Runtime) process(ctx context.Context, it *store.QueueItem) {
+	var err error
+	switch it.Kind {
+	case store.KindHTTP:
+		err = r.runHTTP(ctx, it)
+	case store.KindWake:
+		err = r.finishTimer(ctx, it, status.StepSleeping, status.StepSuccess, "step_succeeded", "")
+	case store.KindWaitTimeout:
+		err = r.finishTimer(ctx, it, status.StepWaiting, status.StepTimeout, "step_timeout", "no callback before the timeout")
+	case store.KindRunExpire:
+		err = r.expireRun(ctx, it)
+	default:
+		err = fmt.Errorf("unknown queue item kind %q", it.Kind)
+	}
+	switch {
+	case err == nil, ctx.Err() != nil:
+	case errors.Is(err, store.ErrLeaseLost):
+		r.log.Info("queue item taken over elsewhere", "item", it.ID, "run_id", it.RunID, "step", it.Step)
+	default:
+		r.log.Error("queue item failed", "item", it.ID, "kind", it.Kind, "run_id", it.RunID, "step", it.Step, "err", err)
+	}
+}
+
+// finishTimer completes a sleep or a webhook wait whose time came.
+func (r *Runtime) finishTimer(ctx context.Context, it *store.QueueItem, from, to, event, msg string) error {
+	now := r.clk.Now()
+	return r.st.InRun(ctx, it.RunID, now, func(tx store.RunTx) error {
+		if err := tx.Dequeue(it.ID, it.LeaseToken); err != nil {
+			return err
+		}
+		s := tx.Step(it.Step)
+		ch := &changes{now: now, runID: it.RunID}
+		if s != nil && s.Status == from && !status.RunTerminal(tx.Run().Status) {
+			s.Status, s.Error, s.FinishedAt = to, msg, &now
+			ch.touch(s)
+			ch.events = append(ch.events, store.NewEvent{Type: event, Step: s.Name})
+		}
+		return r.advance(ctx, tx, ch)
+	})
+}
+
+func (r *Runtime) expireRun(ctx context.Context, it *store.QueueItem) error {
+	now := r.clk.Now()
+	err := r.st.InRun(ctx, it.RunID, now, func(tx store.RunTx) error {
+		if err := tx.Dequeue(it.ID, it.LeaseToken); err != nil {
+			return err
+		}
+		run := tx.Run()
+		if status.RunTerminal(run.Status) {
+			return nil
+		}
+		ch := &changes{now: now, runID: run.ID, finished: true}
+		for _, s := range tx.Steps() {
+			if !status.StepTerminal(s.Status) {
+				s.Status, s.Error, s.FinishedAt = status.StepCancelled, "run exceeded max_duration", &now
+				ch.touch(s)
+			}
+		}
+		run.Status, run.Error, run.FinishedAt = status.RunTimeout, "run exceeded max_duration", &now
+		ch.events = append(ch.events, store.NewEvent{Type: "run_timeout"})
+		return r.flush(tx, run, ch)
+	})
+	if err == nil {
+		r.abortRun(it.RunID)
+	}
+	return err
+}
+
+func (r *Runtime) track(runID string, id int64, cancel context.CancelFunc) func() {
+	r.mu.Lock()
+	m := r.inflt[runID]
+	if m == nil {
+		m = map[int64]context.CancelFunc{}
+		r.inflt[runID] = m
+	}
+	m[id] = cancel
+	r.mu.Unlock()
+	return func() {
+		r.mu.Lock()
+		delete(m, id)
+		if len(m) == 0 {
+			delete(r.inflt, runID)
+		}
+		r.mu.Unlock()
+	}
+}
+
+// runHTTP executes one attempt outside any transaction, renewing the lease
+// while the request is in flight, then records the outcome fenced by the
+// lease token so a stale executor can never record twice.
+func (r *Runtime) runHTTP(ctx context.Context, it *store.QueueItem) error {
+	run, steps, err := r.st.GetRun(ctx, it.RunID)
+	if err != nil {
+		return err
+	}
+	var st *store.StepRun
+	for _, s := range steps {
+		if s.Name == it.Step {
+			st = s
+		}
+	}
+	if st == nil || st.Status != status.StepRunning || status.RunTerminal(run.Status) {
+		return r.st.InRun(ctx, it.RunID, r.clk.Now(), func(tx store.RunTx) error { return tx.Dequeue(it.ID, it.LeaseToken) })
+	}
+	def, err := r.Definition(ctx, run.WorkflowID, run.Version)
+	if err != nil {
+		return err
+	}
+	spec := def.Step(it.Step)
+	var req engine.HTTPRequest
+	if err := json.Unmarshal(st.Request, &req); err != nil {
+		return fmt.Errorf("decode stored request: %w", err)
+	}
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	untrack := r.track(it.RunID, it.ID, cancel)
+	defer untrack()
+	renewDone := make(chan struct{})
+	go r.renew(actx, cancel, it, renewDone)
+	res := r.cfg.HTTP.Do(actx, httpstep.Request{
+		URL: req.URL, Method: req.Method, Headers: req.Headers, Body: req.Body,
+		Timeout: spec.Timeout, RunID: it.RunID, Step: it.Step, Attempt: it.Attempt,
+	})
+	cancel()
+	<-renewDone
+	if ctx.Err() != nil {
+		// Shutting down: leave the item leased; it is retried after the
+		// lease, with the same attempt number.
+		return ctx.Err()
+	}
+	now := r.clk.Now()
+	return r.st.InRun(ctx, it.RunID, now, func(tx store.RunTx) error {
+		if err := tx.Dequeue(it.ID, it.LeaseToken); err != nil {
+			return err
+		}
+		s := tx.Step(it.Step)
+		if s == nil || s.Status != status.StepRunning || status.RunTerminal(tx.Run().Status) {
+			return nil
+		}
+		ch := &changes{now: now, runID: it.RunID}
+		ch.touch(s)
+		s.Attempt = it.Attempt
+		durMS := res.Duration.Milliseconds()
+		s.DurationMS = &durMS
+		if res.Retryable && it.Attempt <= spec.Retries {
+			delay := httpstep.Backoff(it.Attempt, res.RetryAfter, jitter)
+			s.Error = attemptError(res)
+			if res.StatusCode != 0 {
+				code := res.StatusCode
+				s.StatusCode = &code
+			}
+			ch.queue = append(ch.queue, store.QueueItem{Kind: store.KindHTTP, Step: s.Name, Attempt: it.Attempt + 1, DueAt: now.Add(delay)})
+			ch.events = append(ch.events, store.NewEvent{Type: "step_retrying", Step: s.Name, Data: map[string]any{"attempt": it.Attempt, "error": s.Error, "retry_in_ms": delay.Milliseconds()}})
+			return r.flush(tx, tx.Run(), ch)
+		}
+		s.FinishedAt = &now
+		s.Error = ""
+		s.StatusCode = nil
+		if res.StatusCode != 0 {
+			code := res.StatusCode
+			s.StatusCode = &code
+			s.Body, s.Headers, s.Truncated = res.Body, res.Headers, res.Truncated
+		}
+		if res.Err == nil && res.StatusCode >= 200 && res.StatusCode < 300 {
+			s.Status = status.StepSuccess
+			ch.events = append(ch.events, store.NewEvent{Type: "step_succeeded", Step: s.Name, Data: map[string]any{"status_code": res.StatusCode, "attempt": it.Attempt}})
+		} else {
+			s.Status = status.StepFailed
+			s.Error = attemptError(res)
+			ch.events = append(ch.events, store.NewEvent{Type: "step_failed", Step: s.Name, Data: map[string]any{"status": s.Status, "status_code": s.StatusCode, "error": s.Error, "attempt": it.Attempt}})
+		}
+		return r.advance(ctx, tx, ch)
+	})
+}
+
+func attemptError(res httpstep.Result) string {
+	if res.Err != nil {
+		return res.Err.Error()
+	}
+	if res.StatusCode < 200 || res.StatusCode >= 300 {
+		return fmt.Sprintf("HTTP %d", res.StatusCode)
+	}
+	return ""
+}
+
+// renew extends the lease at a third of its length; losing it (the run was
+// cancelled or finished on another node) aborts the request.
+func (r *Runtime) renew(ctx context.Context, abort context.CancelFunc, it *store.QueueItem, done chan<- struct{}) {
+	defer close(done)
+	every := r.cfg.Lease / 3
+	for {
+		t := r.clk.NewTimer(every)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C():
+		}
+		err := r.st.ExtendLease(ctx, it.ID, it.LeaseToken, r.clk.Now().Add(r.cfg.Lease))
+		if errors.Is(err, store.ErrLeaseLost) {
+			abort()
+			return
+		}
+	}
+}

@@ -1,0 +1,409 @@
+package runtime
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	mrand "math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/ferryhq/ferry/internal/clock"
+	"github.com/ferryhq/ferry/internal/engine"
+	"github.com/ferryhq/ferry/internal/spec"
+	"github.com/ferryhq/ferry/internal/status"
+	"github.com/ferryhq/ferry/internal/step/httpstep"
+	"github.com/ferryhq/ferry/internal/store"
+)
+
+// Errors callers branch on.
+var (
+	ErrDisabled         = errors.New("workflow is disabled")
+	ErrAlreadyDelivered = errors.New("webhook already delivered")
+	ErrRunFinished      = errors.New("run already finished")
+)
+
+// Config tunes the runtime.
+type Config struct {
+	Store     store.Store
+	HTTP      *httpstep.Executor
+	Clock     clock.Clock
+	Logger    *slog.Logger
+	PublicURL string // base of callback URLs, e.g. http://127.0.0.1:8080
+	// Concurrency bounds queue items processed at once (HTTP attempts
+	// dominate). Default 64.
+	Concurrency int
+	// Lease is how long a claimed item is held before another node may take
+	// it over; in-flight HTTP attempts renew it. Default 30s.
+	Lease time.Duration
+	// SafetyTick bounds how long the dispatcher sleeps without a wake-up.
+	// Default 5s.
+	SafetyTick time.Duration
+	// Limits bounds definitions (used when re-reading stored ones).
+	Limits spec.Limits
+}
+
+// Runtime executes workflow runs.
+type Runtime struct {
+	cfg   Config
+	st    store.Store
+	clk   clock.Clock
+	log   *slog.Logger
+	defs  sync.Map // "id@version" -> *spec.Workflow
+	wake  chan struct{}
+	sem   chan struct{}
+	mu    sync.Mutex
+	inflt map[string]map[int64]context.CancelFunc // run id -> item id -> cancel
+	wg    sync.WaitGroup
+}
+
+// New builds a runtime; call Run to start dispatching.
+func New(cfg Config) *Runtime {
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 64
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = 30 * time.Second
+	}
+	if cfg.SafetyTick <= 0 {
+		cfg.SafetyTick = 5 * time.Second
+	}
+	if cfg.Limits == (spec.Limits{}) {
+		cfg.Limits = spec.Limits{} // stored definitions were validated at write time
+	}
+	cfg.PublicURL = strings.TrimRight(cfg.PublicURL, "/")
+	return &Runtime{
+		cfg:   cfg,
+		st:    cfg.Store,
+		clk:   cfg.Clock,
+		log:   cfg.Logger,
+		wake:  make(chan struct{}, 1),
+		sem:   make(chan struct{}, cfg.Concurrency),
+		inflt: map[string]map[int64]context.CancelFunc{},
+	}
+}
+
+// Nudge wakes the dispatcher: new work may be due.
+func (r *Runtime) Nudge() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Definition returns the parsed definition of a workflow version, cached:
+// versions are immutable.
+func (r *Runtime) Definition(ctx context.Context, workflowID string, version int) (*spec.Workflow, error) {
+	key := fmt.Sprintf("%s@%d", workflowID, version)
+	if v, ok := r.defs.Load(key); ok {
+		return v.(*spec.Workflow), nil
+	}
+	w, err := r.st.GetWorkflowVersion(ctx, workflowID, version)
+	if err != nil {
+		return nil, err
+	}
+	def, err := spec.Parse(w.Definition, spec.Limits{})
+	if err != nil {
+		return nil, fmt.Errorf("stored definition %s: %w", key, err)
+	}
+	r.defs.Store(key, def)
+	return def, nil
+}
+
+// CallbackURL is the public URL of a webhook callback token.
+func (r *Runtime) CallbackURL(token string) string {
+	return r.cfg.PublicURL + "/wh/" + token
+}
+
+// TriggerRequest is a request to start a run.
+type TriggerRequest struct {
+	Workflow       string // id or name
+	Input          json.RawMessage
+	Headers        map[string]string
+	IdempotencyKey string
+}
+
+// Trigger starts a run, writing it and its first work in one transaction.
+// A repeated idempotency key returns the first run and created=false.
+func (r *Runtime) Trigger(ctx context.Context, req TriggerRequest) (*store.Run, bool, error) {
+	wf, err := r.st.GetWorkflow(ctx, req.Workflow)
+	if err != nil {
+		return nil, false, err
+	}
+	if !wf.Enabled {
+		return nil, false, fmt.Errorf("workflow %q: %w", wf.Name, ErrDisabled)
+	}
+	def, err := r.Definition(ctx, wf.ID, wf.Version)
+	if err != nil {
+		return nil, false, err
+	}
+	input := req.Input
+	if len(input) == 0 {
+		input = json.RawMessage("{}")
+	}
+	now := r.clk.Now()
+	run := store.Run{
+		ID:             uuid.Must(uuid.NewV7()).String(),
+		WorkflowID:     wf.ID,
+		Version:        wf.Version,
+		Status:         status.RunRunning,
+		Input:          input,
+		TriggerHeaders: req.Headers,
+		IdempotencyKey: req.IdempotencyKey,
+		StartedAt:      now,
+		ExpiresAt:      now.Add(def.MaxDuration),
+	}
+	steps := make([]*store.StepRun, len(def.Steps))
+	for i, s := range def.Steps {
+		steps[i] = &store.StepRun{Name: s.Name, Position: i, Type: string(s.Type), Status: status.StepPending}
+		if s.Type == spec.StepWebhook {
+			// Created with the run so {{wait.<step>.url}} resolves
+			// before the step starts.
+			steps[i].CallbackToken = "wh_" + rand.Text()
+		}
+	}
+	ch := &changes{now: now, runID: run.ID}
+	ch.events = append(ch.events, store.NewEvent{Type: "run_started", Data: map[string]any{"workflow": wf.Name, "version": wf.Version}})
+	ch.queue = append(ch.queue, store.QueueItem{Kind: store.KindRunExpire, DueAt: run.ExpiresAt})
+	r.decide(def, &run, steps, ch)
+	nr := &store.NewRun{Run: run, Steps: steps, Queue: ch.queue, Events: ch.events}
+	if ch.finished {
+		nr.Queue = nil
+	}
+	got, created, err := r.st.CreateRun(ctx, nr, now)
+	if err != nil {
+		return nil, false, err
+	}
+	if created {
+		r.log.Info("run started", "run_id", got.ID, "workflow", wf.Name, "version", wf.Version)
+		r.Nudge()
+	}
+	return got, created, nil
+}
+
+// changes collects what one decision round writes.
+type changes struct {
+	now      time.Time
+	runID    string
+	touched  []*store.StepRun
+	queue    []store.QueueItem
+	events   []store.NewEvent
+	finished bool
+}
+
+func (c *changes) touch(s *store.StepRun) {
+	for _, t := range c.touched {
+		if t == s {
+			return
+		}
+	}
+	c.touched = append(c.touched, s)
+}
+
+// decide asks the engine what moves now and applies it to the in-memory run
+// and steps, collecting the writes.
+func (r *Runtime) decide(def *spec.Workflow, run *store.Run, steps []*store.StepRun, ch *changes) {
+	byName := make(map[string]*store.StepRun, len(steps))
+	for _, s := range steps {
+		byName[s.Name] = s
+	}
+	in := engine.Run{
+		Def:            def,
+		TriggerBody:    run.Input,
+		TriggerHeaders: run.TriggerHeaders,
+		Steps:          make(map[string]engine.StepState, len(steps)),
+		WaitURLs:       map[string]string{},
+	}
+	for _, s := range steps {
+		in.Steps[s.Name] = engine.StepState{Status: s.Status, StatusCode: s.StatusCode, Body: s.Body, Headers: s.Headers, Truncated: s.Truncated, Blocked: s.Blocked}
+		if s.CallbackToken != "" {
+			in.WaitURLs[s.Name] = r.CallbackURL(s.CallbackToken)
+		}
+	}
+	now := ch.now
+	for _, d := range engine.Next(in) {
+		s := byName[d.Step]
+		ch.touch(s)
+		switch d.Action {
+		case engine.Skip:
+			s.Status, s.Blocked, s.Error, s.FinishedAt = status.StepSkipped, d.Blocked, d.Reason, &now
+			ch.events = append(ch.events, store.NewEvent{Type: "step_skipped", Step: s.Name, Data: map[string]any{"reason": d.Reason}})
+		case engine.TemplateError:
+			s.Status, s.Error, s.StartedAt, s.FinishedAt = status.StepTemplateError, d.Reason, &now, &now
+			ch.events = append(ch.events, store.NewEvent{Type: "step_failed", Step: s.Name, Data: map[string]any{"status": s.Status, "error": d.Reason}})
+		case engine.StartHTTP:
+			b, _ := json.Marshal(d.HTTP)
+			s.Status, s.Attempt, s.Request, s.StartedAt = status.StepRunning, 1, b, &now
+			ch.queue = append(ch.queue, store.QueueItem{Kind: store.KindHTTP, RunID: run.ID, Step: s.Name, Attempt: 1, DueAt: now})
+			ch.events = append(ch.events, store.NewEvent{Type: "step_started", Step: s.Name})
+		case engine.StartSleep:
+			wake := now.Add(d.Sleep)
+			s.Status, s.WakeAt, s.StartedAt = status.StepSleeping, &wake, &now
+			ch.queue = append(ch.queue, store.QueueItem{Kind: store.KindWake, RunID: run.ID, Step: s.Name, DueAt: wake})
+			ch.events = append(ch.events, store.NewEvent{Type: "step_sleeping", Step: s.Name, Data: map[string]any{"wake_at": wake.UTC()}})
+		case engine.StartWait:
+			s.StartedAt = &now
+			if s.Body != nil {
+				// The callback arrived before the step started: it is
+				// already satisfied.
+				s.Status, s.FinishedAt = status.StepSuccess, &now
+				ch.events = append(ch.events, store.NewEvent{Type: "step_succeeded", Step: s.Name, Data: map[string]any{"early_callback": true}})
+				// The engine saw it as waiting; decide again.
+				r.decideMore(def, run, steps, ch)
+				return
+			}
+			s.Status = status.StepWaiting
+			if d.Timeout > 0 {
+				due := now.Add(d.Timeout)
+				s.WakeAt = &due
+				ch.queue = append(ch.queue, store.QueueItem{Kind: store.KindWaitTimeout, RunID: run.ID, Step: s.Name, DueAt: due})
+			}
+			ch.events = append(ch.events, store.NewEvent{Type: "step_waiting", Step: s.Name})
+		}
+	}
+	r.finishIfDone(def, run, steps, ch)
+}
+
+func (r *Runtime) decideMore(def *spec.Workflow, run *store.Run, steps []*store.StepRun, ch *changes) {
+	r.decide(def, run, steps, ch)
+}
+
+func (r *Runtime) finishIfDone(def *spec.Workflow, run *store.Run, steps []*store.StepRun, ch *changes) {
+	states := make(map[string]engine.StepState, len(steps))
+	for _, s := range steps {
+		states[s.Name] = engine.StepState{Status: s.Status, Blocked: s.Blocked}
+	}
+	out := engine.Evaluate(def, states)
+	if !out.Done {
+		return
+	}
+	now := ch.now
+	run.Status, run.Error, run.FinishedAt = out.Status, out.Reason, &now
+	ch.finished = true
+	ch.events = append(ch.events, store.NewEvent{Type: "run_" + out.Status, Data: map[string]any{"status": out.Status, "reason": out.Reason}})
+}
+
+// advance applies decisions inside a run transaction.
+func (r *Runtime) advance(ctx context.Context, tx store.RunTx, ch *changes) error {
+	run := tx.Run()
+	if status.RunTerminal(run.Status) {
+		return r.flush(tx, run, ch)
+	}
+	def, err := r.Definition(ctx, run.WorkflowID, run.Version)
+	if err != nil {
+		return err
+	}
+	r.decide(def, run, tx.Steps(), ch)
+	return r.flush(tx, run, ch)
+}
+
+func (r *Runtime) flush(tx store.RunTx, run *store.Run, ch *changes) error {
+	for _, s := range ch.touched {
+		if err := tx.UpdateStep(s); err != nil {
+			return err
+		}
+	}
+	if ch.finished {
+		if err := tx.UpdateRun(run); err != nil {
+			return err
+		}
+		if err := tx.DropQueue(); err != nil {
+			return err
+		}
+	} else if err := tx.Enqueue(ch.queue...); err != nil {
+		return err
+	}
+	return tx.Append(ch.events...)
+}
+
+// Cancel stops a run: pending and in-flight steps become cancelled, queued
+// work is dropped and in-flight HTTP requests on this node are aborted (other
+// nodes notice at their next lease renewal).
+func (r *Runtime) Cancel(ctx context.Context, runID string) (*store.Run, error) {
+	now := r.clk.Now()
+	err := r.st.InRun(ctx, runID, now, func(tx store.RunTx) error {
+		run := tx.Run()
+		if status.RunTerminal(run.Status) {
+			return fmt.Errorf("run %s is %s: %w", runID, run.Status, ErrRunFinished)
+		}
+		ch := &changes{now: now, runID: runID}
+		for _, s := range tx.Steps() {
+			if !status.StepTerminal(s.Status) {
+				s.Status, s.Error, s.FinishedAt = status.StepCancelled, "run cancelled", &now
+				ch.touch(s)
+			}
+		}
+		run.Status, run.Error, run.FinishedAt = status.RunCancelled, "cancelled by request", &now
+		ch.finished = true
+		ch.events = append(ch.events, store.NewEvent{Type: "run_cancelled"})
+		return r.flush(tx, run, ch)
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.abortRun(runID)
+	run, _, err := r.st.GetRun(ctx, runID)
+	return run, err
+}
+
+func (r *Runtime) abortRun(runID string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, cancel := range r.inflt[runID] {
+		cancel()
+	}
+}
+
+// DeliverWebhook records a callback payload for a wait_for_webhook step and
+// advances the run. A payload that arrives before the step starts is kept and
+// satisfies the step when it starts.
+func (r *Runtime) DeliverWebhook(ctx context.Context, token string, payload []byte, headers map[string]string) error {
+	runID, name, err := r.st.StepByToken(ctx, token)
+	if err != nil {
+		return err
+	}
+	if len(payload) == 0 {
+		payload = []byte("null")
+	}
+	now := r.clk.Now()
+	err = r.st.InRun(ctx, runID, now, func(tx store.RunTx) error {
+		run := tx.Run()
+		s := tx.Step(name)
+		if s == nil {
+			return fmt.Errorf("step %s: %w", name, store.ErrNotFound)
+		}
+		if s.Body != nil || status.StepTerminal(s.Status) {
+			return fmt.Errorf("step %s: %w", name, ErrAlreadyDelivered)
+		}
+		if status.RunTerminal(run.Status) {
+			return fmt.Errorf("run %s is %s: %w", runID, run.Status, ErrRunFinished)
+		}
+		ch := &changes{now: now, runID: runID}
+		s.Body, s.Headers = payload, headers
+		ch.touch(s)
+		ch.events = append(ch.events, store.NewEvent{Type: "webhook_received", Step: name})
+		if s.Status == status.StepWaiting {
+			s.Status, s.FinishedAt = status.StepSuccess, &now
+			ch.events = append(ch.events, store.NewEvent{Type: "step_succeeded", Step: name})
+		}
+		return r.advance(ctx, tx, ch)
+	})
+	if err == nil {
+		r.Nudge()
+	}
+	return err
+}
+
+func jitter() float64 { return mrand.Float64() }

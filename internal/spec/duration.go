@@ -1,0 +1,76 @@
+package spec
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ParseDuration accepts the seed's forms: "30s", "5m", "2h", "1d", compound
+// Go forms such as "1h30m", and "500ms". Days are not a Go unit, so they are
+// handled here; a bare number string is rejected so that the unit is never
+// guessed (numbers are only accepted as JSON numbers, where the field decides
+// the unit).
+func ParseDuration(s string) (time.Duration, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return 0, fmt.Errorf("empty duration")
+	}
+	var total time.Duration
+	rest := s
+	if i := strings.IndexByte(rest, 'd'); i > 0 {
+		days, err := strconv.ParseFloat(rest[:i], 64)
+		if err != nil || days < 0 {
+			return 0, fmt.Errorf("invalid duration %q (use forms like 30s, 5m, 2h, 1d)", s)
+		}
+		total = time.Duration(days * float64(24*time.Hour))
+		rest = rest[i+1:]
+	}
+	if rest != "" {
+		d, err := time.ParseDuration(rest)
+		if err != nil {
+			return 0, fmt.Errorf("invalid duration %q (use forms like 30s, 5m, 2h, 1d)", s)
+		}
+		total += d
+	}
+	if total < 0 {
+		return 0, fmt.Errorf("negative duration %q", s)
+	}
+	return total, nil
+}
+
+// durationFromJSON reads a JSON duration: a string with a unit, or a number in
+// the given unit (seconds for sleep, milliseconds for an HTTP timeout, as in
+// the seed).
+func durationFromJSON(raw json.RawMessage, unit time.Duration) (time.Duration, error) {
+	var n json.Number
+	if err := json.Unmarshal(raw, &n); err == nil {
+		f, err := n.Float64()
+		if err != nil || f < 0 || math.IsInf(f, 0) || f*float64(unit) > float64(math.MaxInt64/2) {
+			return 0, fmt.Errorf("invalid duration %s", string(raw))
+		}
+		return time.Duration(f * float64(unit)), nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return 0, fmt.Errorf("duration must be a string like \"30s\" or a number")
+	}
+	return ParseDuration(s)
+}
+
+// FormatDuration renders a duration the way users write them ("1d", "90s").
+func FormatDuration(d time.Duration) string {
+	if d > 0 && d%(24*time.Hour) == 0 {
+		return strconv.FormatInt(int64(d/(24*time.Hour)), 10) + "d"
+	}
+	return d.String()
+}
+
+const (
+	secondUnit      = time.Second
+	millisecondUnit = time.Millisecond
+	maxHTTPTimeout  = time.Hour
+)

@@ -1,0 +1,362 @@
+package spec
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"regexp"
+	"strings"
+
+	"github.com/goccy/go-yaml"
+	"github.com/google/uuid"
+)
+
+var (
+	workflowNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+	// Step names appear inside dotted paths (tasks.<name>.body), so they may
+	// hold hyphens but never dots.
+	stepNameRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$`)
+	methods    = map[string]bool{"GET": true, "POST": true, "PUT": true, "PATCH": true, "DELETE": true, "HEAD": true, "OPTIONS": true}
+)
+
+// member is one key of a JSON object, in document order.
+type member struct {
+	Key   string
+	Value json.RawMessage
+}
+
+// objectMembers decodes a JSON object keeping key order, which encoding/json
+// maps lose; step order is meaningful to users.
+func objectMembers(raw json.RawMessage) ([]member, bool) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	tok, err := dec.Token()
+	if err != nil || tok != json.Delim('{') {
+		return nil, false
+	}
+	var out []member
+	for dec.More() {
+		kt, err := dec.Token()
+		if err != nil {
+			return nil, false
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, false
+		}
+		out = append(out, member{kt.(string), v})
+	}
+	return out, true
+}
+
+// ToJSON converts a YAML or JSON document to JSON. JSON is returned as is;
+// anything else is read as YAML.
+func ToJSON(doc []byte) ([]byte, error) {
+	trimmed := bytes.TrimSpace(doc)
+	if len(trimmed) > 0 && (trimmed[0] == '{' || trimmed[0] == '[') {
+		return trimmed, nil
+	}
+	out, err := yaml.YAMLToJSON(doc)
+	if err != nil {
+		return nil, fmt.Errorf("invalid YAML: %w", err)
+	}
+	return out, nil
+}
+
+// Parse reads and validates a definition (JSON or YAML). On failure the error
+// is a *ValidationError listing every problem.
+func Parse(doc []byte, lim Limits) (*Workflow, error) {
+	c := &collector{}
+	if lim.MaxBytes > 0 && len(doc) > lim.MaxBytes {
+		c.add("", CodeTooLarge, "definition is %d bytes; the limit is %d", len(doc), lim.MaxBytes)
+		return nil, c.err()
+	}
+	js, err := ToJSON(doc)
+	if err != nil {
+		c.add("", CodeInvalidJSON, "%v", err)
+		return nil, c.err()
+	}
+	if !json.Valid(js) {
+		var v any
+		err := json.Unmarshal(js, &v)
+		c.add("", CodeInvalidJSON, "invalid JSON: %v", err)
+		return nil, c.err()
+	}
+	top, ok := objectMembers(js)
+	if !ok {
+		c.add("", CodeInvalidType, "a workflow definition must be a JSON object")
+		return nil, c.err()
+	}
+	w := &Workflow{Trigger: "api", MaxDuration: DefaultMaxDuration, Enabled: true, index: map[string]*Step{}}
+	var compact bytes.Buffer
+	_ = json.Compact(&compact, js)
+	w.Source = compact.Bytes()
+
+	var tasksRaw json.RawMessage
+	seenName := false
+	for _, m := range top {
+		switch m.Key {
+		case "name":
+			seenName = true
+			if s, ok := str(c, "name", m.Value); ok {
+				w.Name = s
+				switch {
+				case !workflowNameRE.MatchString(s):
+					c.add("name", CodeInvalidName, "workflow name %q must start with a letter or digit and hold only letters, digits, '.', '_' and '-' (at most 128)", s)
+				case isUUID(s):
+					c.add("name", CodeInvalidName, "workflow name %q looks like an id; ids and names share the API path", s)
+				}
+			}
+		case "description":
+			if s, ok := str(c, "description", m.Value); ok {
+				w.Description = s
+			}
+		case "trigger":
+			if s, ok := str(c, "trigger", m.Value); ok {
+				if s != "api" {
+					c.add("trigger", CodeUnsupportedTrigger, "trigger %q is not supported; use \"api\"", s)
+				}
+				w.Trigger = s
+			}
+		case "max_duration":
+			d, err := durationFromJSON(m.Value, secondUnit)
+			if err != nil || d <= 0 {
+				c.add("max_duration", CodeInvalidDuration, "max_duration must be a positive duration like \"30d\" or seconds as a number")
+			} else {
+				w.MaxDuration = d
+			}
+		case "enabled":
+			if err := json.Unmarshal(m.Value, &w.Enabled); err != nil {
+				c.add("enabled", CodeInvalidType, "enabled must be true or false")
+			}
+		case "tasks":
+			tasksRaw = m.Value
+		default:
+			c.add(m.Key, CodeUnknownField, "unknown field %q", m.Key)
+		}
+	}
+	if !seenName {
+		c.add("name", CodeRequired, "name is required")
+	}
+	if tasksRaw == nil {
+		c.add("tasks", CodeRequired, "tasks is required")
+		return nil, c.err()
+	}
+	steps, ok := objectMembers(tasksRaw)
+	switch {
+	case !ok:
+		c.add("tasks", CodeInvalidType, "tasks must be an object of step name to step")
+		return nil, c.err()
+	case len(steps) == 0:
+		c.add("tasks", CodeRequired, "a workflow needs at least one step")
+		return nil, c.err()
+	case lim.MaxSteps > 0 && len(steps) > lim.MaxSteps:
+		c.add("tasks", CodeTooManySteps, "workflow has %d steps; the limit is %d", len(steps), lim.MaxSteps)
+		return nil, c.err()
+	}
+	for _, m := range steps {
+		path := "tasks." + m.Key
+		if !stepNameRE.MatchString(m.Key) {
+			c.add(path, CodeInvalidName, "step name %q must hold only letters, digits, '_' and '-' (at most 64)", m.Key)
+		}
+		if _, dup := w.index[m.Key]; dup {
+			c.add(path, CodeInvalidName, "step %q is defined twice", m.Key)
+			continue
+		}
+		st := parseStep(c, path, m.Key, m.Value)
+		w.Steps = append(w.Steps, st)
+		w.index[m.Key] = st
+	}
+	checkGraph(c, w)
+	checkExpressions(c, w)
+	if err := c.err(); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+func isUUID(s string) bool {
+	_, err := uuid.Parse(s)
+	return err == nil
+}
+
+func str(c *collector, path string, raw json.RawMessage) (string, bool) {
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		c.add(path, CodeInvalidType, "%s must be a string", lastSegment(path))
+		return "", false
+	}
+	return s, true
+}
+
+func lastSegment(path string) string {
+	if i := strings.LastIndexByte(path, '.'); i >= 0 {
+		return path[i+1:]
+	}
+	return path
+}
+
+var httpFields = map[string]bool{"url": true, "method": true, "headers": true, "body": true, "retries": true, "timeout": true}
+
+func parseStep(c *collector, path, name string, raw json.RawMessage) *Step {
+	st := &Step{Name: name, Needs: []string{}}
+	members, ok := objectMembers(raw)
+	if !ok {
+		c.add(path, CodeInvalidType, "step must be an object")
+		return st
+	}
+	var types []StepType
+	present := map[string]bool{}
+	for _, m := range members {
+		p := path + "." + m.Key
+		present[m.Key] = true
+		switch m.Key {
+		case "needs":
+			var needs []string
+			if err := json.Unmarshal(m.Value, &needs); err != nil {
+				c.add(p, CodeInvalidType, "needs must be an array of step names")
+			} else if needs != nil {
+				st.Needs = needs
+			}
+		case "if":
+			if s, ok := str(c, p, m.Value); ok {
+				st.If = s
+			}
+		case "url":
+			types = append(types, StepHTTP)
+			if s, ok := str(c, p, m.Value); ok {
+				st.URL = s
+			}
+		case "method":
+			if s, ok := str(c, p, m.Value); ok {
+				st.Method = strings.ToUpper(s)
+				if !methods[st.Method] {
+					c.add(p, CodeInvalidValue, "method %q is not one of GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS", s)
+				}
+			}
+		case "headers":
+			if err := json.Unmarshal(m.Value, &st.Headers); err != nil {
+				c.add(p, CodeInvalidType, "headers must be an object of string values")
+			}
+		case "body":
+			dec := json.NewDecoder(bytes.NewReader(m.Value))
+			dec.UseNumber()
+			if err := dec.Decode(&st.Body); err != nil && !errors.Is(err, io.EOF) {
+				c.add(p, CodeInvalidJSON, "body: %v", err)
+			}
+			st.HasBody = true
+		case "retries":
+			var n int
+			if err := json.Unmarshal(m.Value, &n); err != nil || n < 0 || n > 25 {
+				c.add(p, CodeInvalidValue, "retries must be a whole number from 0 to 25")
+			} else {
+				st.Retries = n
+			}
+		case "timeout":
+			d, err := durationFromJSON(m.Value, millisecondUnit)
+			if err != nil || d <= 0 || d > maxHTTPTimeout {
+				c.add(p, CodeInvalidDuration, "timeout must be a positive duration up to 1h: milliseconds as a number, or a string like \"30s\"")
+			} else {
+				st.Timeout = d
+			}
+		case "sleep":
+			types = append(types, StepSleep)
+			d, err := durationFromJSON(m.Value, secondUnit)
+			if err != nil {
+				c.add(p, CodeInvalidDuration, "sleep must be a duration like \"30s\", \"5m\", \"2h\", \"1d\" or seconds as a number")
+			} else {
+				st.Sleep = d
+			}
+		case "wait_for_webhook":
+			types = append(types, StepWebhook)
+			parseWait(c, p, st, m.Value)
+		default:
+			c.add(p, CodeUnknownField, "unknown field %q", m.Key)
+		}
+	}
+	switch len(types) {
+	case 0:
+		c.add(path, CodeMissingStepType, "step %q has no type: give it a url, sleep or wait_for_webhook", name)
+	case 1:
+		st.Type = types[0]
+	default:
+		names := make([]string, len(types))
+		for i, t := range types {
+			names[i] = string(t)
+			if t == StepHTTP {
+				names[i] = "url"
+			}
+		}
+		c.add(path, CodeConflictingTypes, "step %q has more than one type (%s); a step is exactly one of url, sleep, wait_for_webhook", name, strings.Join(names, ", "))
+		st.Type = types[0]
+	}
+	if st.Type != StepHTTP && len(types) == 1 {
+		for _, m := range members {
+			if httpFields[m.Key] {
+				c.add(path+"."+m.Key, CodeFieldNotAllowed, "%s is only allowed on HTTP steps (steps with a url)", m.Key)
+			}
+		}
+	}
+	if st.Type == StepHTTP {
+		if st.Method == "" {
+			st.Method = DefaultMethod
+		}
+		if !present["retries"] {
+			st.Retries = DefaultRetries
+		}
+		if st.Timeout == 0 {
+			st.Timeout = DefaultHTTPTimeout
+		}
+		checkStaticURL(c, path+".url", st.URL)
+	}
+	return st
+}
+
+func parseWait(c *collector, p string, st *Step, raw json.RawMessage) {
+	if string(raw) == "true" || string(raw) == "{}" {
+		return
+	}
+	members, ok := objectMembers(raw)
+	if !ok {
+		c.add(p, CodeInvalidType, "wait_for_webhook must be an object like {\"timeout\": \"1h\"}")
+		return
+	}
+	for _, m := range members {
+		switch m.Key {
+		case "timeout":
+			d, err := durationFromJSON(m.Value, secondUnit)
+			if err != nil || d <= 0 {
+				c.add(p+".timeout", CodeInvalidDuration, "timeout must be a positive duration like \"1h\" or seconds as a number")
+			} else {
+				st.WaitTimeout = d
+			}
+		default:
+			c.add(p+"."+m.Key, CodeUnknownField, "unknown field %q", m.Key)
+		}
+	}
+}
+
+// checkStaticURL validates URLs that hold no template; templated URLs can only
+// be checked once rendered.
+func checkStaticURL(c *collector, p, raw string) {
+	if raw == "" {
+		c.add(p, CodeRequired, "url must not be empty")
+		return
+	}
+	if strings.Contains(raw, "{{") {
+		if strings.HasPrefix(raw, "{{") {
+			return
+		}
+		raw = raw[:strings.Index(raw, "{{")]
+		if !strings.Contains(raw, "://") {
+			return
+		}
+		raw += "x"
+	}
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		c.add(p, CodeInvalidURL, "url %q must be an absolute http or https URL", raw)
+	}
+}

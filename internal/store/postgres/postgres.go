@@ -1,0 +1,107 @@
+// Package postgres opens Ferry's Postgres store through pgx. Several Ferry
+// servers may share one database: runs are serialised with row locks, the
+// queue is claimed with FOR UPDATE SKIP LOCKED, and LISTEN/NOTIFY wakes other
+// nodes' dispatchers when work is queued.
+//
+// It imports internal/store and internal/store/sqlstore; nothing above them.
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/ferryhq/ferry/internal/store/sqlstore"
+)
+
+const channel = "ferry_queue"
+
+// Store is the Postgres store with LISTEN/NOTIFY wake-ups.
+type Store struct {
+	*sqlstore.Store
+	dsn string
+}
+
+// Open connects to the database at dsn (a postgres:// URL).
+func Open(ctx context.Context, dsn string) (*Store, error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	db := stdlib.OpenDB(*cfg)
+	db.SetMaxOpenConns(16)
+	db.SetMaxIdleConns(16)
+	db.SetConnMaxIdleTime(5 * time.Minute)
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(pctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	s := sqlstore.New(sqlstore.Dialect{
+		Name:            "postgres",
+		Dollar:          true,
+		LockRun:         " FOR UPDATE",
+		SkipLocked:      " FOR UPDATE SKIP LOCKED",
+		IsUnique:        isUnique,
+		MigrationLock:   "SELECT pg_advisory_lock(7244917)",
+		MigrationUnlock: "SELECT pg_advisory_unlock(7244917)",
+		AfterEnqueue:    "SELECT pg_notify('" + channel + "', '')",
+	}, db, db)
+	return &Store{Store: s, dsn: dsn}, nil
+}
+
+func isUnique(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23505"
+}
+
+// Wakeups listens for NOTIFY on a dedicated connection, reconnecting after
+// failures; a missed notification only delays work until the dispatcher's
+// safety-net sweep.
+func (s *Store) Wakeups(ctx context.Context) <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	go func() {
+		defer close(ch)
+		for ctx.Err() == nil {
+			if err := s.listen(ctx, ch); err != nil && ctx.Err() == nil {
+				slog.Warn("postgres listen failed; retrying", "err", err)
+				select {
+				case <-ctx.Done():
+				case <-time.After(time.Second):
+				}
+			}
+		}
+	}()
+	return ch
+}
+
+func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
+	conn, err := pgx.Connect(ctx, s.dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+channel); err != nil {
+		return err
+	}
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// DB exposes the pool for tests.
+func (s *Store) DB() *sql.DB { return s.Store.DB() }

@@ -1,0 +1,10 @@
+// Package sqlstore is the SQL implementation of store.Store shared by the
+// SQLite and Postgres backends. The two differ only in a Dialect (placeholder
+// style, row locking, SKIP LOCKED, error classification) and their embedded
+// migrations; everything else is one code path, so both backends behave the
+// same and one conformance suite covers both.
+//
+// It imports internal/store and the standard library; it must not import the
+// engine, runtime or api packages, nor a database driver (the sqlite and
+// postgres packages bring those).
+package sqlstore

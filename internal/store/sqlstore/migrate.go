@@ -1,0 +1,119 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+//go:embed migrations
+var migrationFS embed.FS
+
+type migration struct {
+	version int
+	name    string
+	up      string
+}
+
+func loadMigrations(dialect string) ([]migration, error) {
+	dir := "migrations/" + dialect
+	entries, err := fs.ReadDir(migrationFS, dir)
+	if err != nil {
+		return nil, fmt.Errorf("read migrations: %w", err)
+	}
+	var out []migration
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasSuffix(name, ".up.sql") {
+			continue
+		}
+		v, err := strconv.Atoi(strings.SplitN(name, "_", 2)[0])
+		if err != nil {
+			return nil, fmt.Errorf("migration %s: bad number: %w", name, err)
+		}
+		b, err := fs.ReadFile(migrationFS, dir+"/"+name)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, migration{v, name, string(b)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
+	return out, nil
+}
+
+// Migrate applies every embedded migration not yet applied, each in its own
+// transaction together with its bookkeeping row, so a crash leaves the
+// schema at a numbered version, never between two.
+func (s *Store) Migrate(ctx context.Context) error {
+	ms, err := loadMigrations(s.d.Name)
+	if err != nil {
+		return err
+	}
+	if _, err := s.w.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS ferry_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL)`); err != nil {
+		return fmt.Errorf("create migrations table: %w", err)
+	}
+	if s.d.MigrationLock != "" {
+		// Several servers may start at once on one Postgres.
+		conn, err := s.w.Conn(ctx)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		if _, err := conn.ExecContext(ctx, s.d.MigrationLock); err != nil {
+			return fmt.Errorf("migration lock: %w", err)
+		}
+		defer conn.ExecContext(context.WithoutCancel(ctx), s.d.MigrationUnlock) //nolint:errcheck
+	}
+	for _, m := range ms {
+		if err := s.apply(ctx, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Store) apply(ctx context.Context, m migration) error {
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck
+	var n int
+	if err := tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM ferry_migrations WHERE version = ?`), m.version).Scan(&n); err != nil {
+		return fmt.Errorf("check migration %s: %w", m.name, err)
+	}
+	if n > 0 {
+		return nil
+	}
+	for _, stmt := range splitSQL(m.up) {
+		if _, err := tx.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("migration %s: %w", m.name, err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO ferry_migrations (version, name) VALUES (?, ?)`), m.version, m.name); err != nil {
+		return fmt.Errorf("record migration %s: %w", m.name, err)
+	}
+	return tx.Commit()
+}
+
+func splitSQL(src string) []string {
+	var out []string
+	for _, part := range strings.Split(src, ";") {
+		if p := strings.TrimSpace(part); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// SchemaVersion returns the highest applied migration.
+func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
+	var v sql.NullInt64
+	err := s.r.QueryRowContext(ctx, `SELECT MAX(version) FROM ferry_migrations`).Scan(&v)
+	return int(v.Int64), err
+}

@@ -1,0 +1,189 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/store"
+)
+
+// InRun runs fn under the run's lock: a row lock on Postgres (FOR UPDATE,
+// which waits rather than skips, so no event is dropped when two steps
+// finish at once) and the single writer on SQLite.
+func (s *Store) InRun(ctx context.Context, runID string, now time.Time, fn func(store.RunTx) error) error {
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck
+	var seq int64
+	run, err := scanRun(tx.QueryRowContext(ctx, s.q(`SELECT `+runCols+` FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE r.id = ?`+lockOf(s.d.LockRun)), runID))
+	if errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("run %q: %w", runID, store.ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("lock run: %w", err)
+	}
+	if err := tx.QueryRowContext(ctx, s.q(`SELECT event_seq FROM runs WHERE id = ?`), runID).Scan(&seq); err != nil {
+		return err
+	}
+	steps, err := s.loadSteps(ctx, tx, runID)
+	if err != nil {
+		return err
+	}
+	rt := &runTx{s: s, ctx: ctx, tx: tx, run: run, steps: steps, now: now, seq: seq, startSeq: seq}
+	if err := fn(rt); err != nil {
+		return err
+	}
+	if rt.seq != rt.startSeq {
+		if _, err := tx.ExecContext(ctx, s.q(`UPDATE runs SET event_seq = ? WHERE id = ?`), rt.seq, runID); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
+}
+
+// lockOf qualifies the row lock to the runs table: FOR UPDATE on a join
+// would also lock the workflow row, serialising every run of a workflow.
+func lockOf(l string) string {
+	if l == "" {
+		return ""
+	}
+	return l + " OF r"
+}
+
+type runTx struct {
+	s        *Store
+	ctx      context.Context
+	tx       *sql.Tx
+	run      *store.Run
+	steps    []*store.StepRun
+	now      time.Time
+	seq      int64
+	startSeq int64
+}
+
+func (t *runTx) Run() *store.Run         { return t.run }
+func (t *runTx) Steps() []*store.StepRun { return t.steps }
+func (t *runTx) Step(name string) *store.StepRun {
+	for _, s := range t.steps {
+		if s.Name == name {
+			return s
+		}
+	}
+	return nil
+}
+
+func (t *runTx) UpdateRun(r *store.Run) error {
+	_, err := t.tx.ExecContext(t.ctx, t.s.q(`UPDATE runs SET status = ?, error = ?, finished_at = ?, updated_at = ? WHERE id = ?`),
+		r.Status, r.Error, tsPtr(r.FinishedAt), ts(t.now), r.ID)
+	if err != nil {
+		return fmt.Errorf("update run: %w", err)
+	}
+	t.run = r
+	return nil
+}
+
+func (t *runTx) UpdateStep(st *store.StepRun) error {
+	args := append(stepArgs(st), st.RunID, st.Name)
+	res, err := t.tx.ExecContext(t.ctx, t.s.q(`UPDATE step_runs SET status = ?, attempt = ?, callback_token = ?, status_code = ?, duration_ms = ?, request = ?, body = ?, headers = ?, is_truncated = ?, blocked = ?, error = ?, wake_at = ?, started_at = ?, finished_at = ? WHERE run_id = ? AND name = ?`), args...)
+	if err != nil {
+		return fmt.Errorf("update step %s: %w", st.Name, err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return fmt.Errorf("update step %s: %w", st.Name, store.ErrNotFound)
+	}
+	return nil
+}
+
+func (t *runTx) Enqueue(items ...store.QueueItem) error {
+	for i := range items {
+		items[i].RunID = t.run.ID
+	}
+	return t.s.enqueue(t.ctx, t.tx, items)
+}
+
+func (t *runTx) Dequeue(id int64, leaseToken string) error {
+	res, err := t.tx.ExecContext(t.ctx, t.s.q(`DELETE FROM queue WHERE id = ? AND lease_token = ?`), id, leaseToken)
+	if err != nil {
+		return fmt.Errorf("dequeue: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return fmt.Errorf("queue item %d: %w", id, store.ErrLeaseLost)
+	}
+	return nil
+}
+
+func (t *runTx) DropQueue() error {
+	_, err := t.tx.ExecContext(t.ctx, t.s.q(`DELETE FROM queue WHERE run_id = ?`), t.run.ID)
+	return err
+}
+
+func (t *runTx) Append(events ...store.NewEvent) error {
+	return t.s.appendEvents(t.ctx, t.tx, t.run.ID, &t.seq, t.now, events)
+}
+
+// ---- queue ----
+
+// Claim leases due items in one statement (UPDATE … RETURNING), skipping rows
+// another node holds on Postgres.
+func (s *Store) Claim(ctx context.Context, now time.Time, lease time.Duration, n int) ([]*store.QueueItem, error) {
+	tok := token()
+	until := now.Add(lease)
+	rows, err := s.w.QueryContext(ctx, s.q(`UPDATE queue SET lease_token = ?, lease_until = ?
+		WHERE id IN (SELECT id FROM queue WHERE due_at <= ? AND (lease_until IS NULL OR lease_until <= ?) ORDER BY due_at, id LIMIT ?`+s.d.SkipLocked+`)
+		RETURNING id, kind, run_id, step, attempt, due_at`), tok, ts(until), ts(now), ts(now), n)
+	if err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	defer rows.Close()
+	var out []*store.QueueItem
+	for rows.Next() {
+		var it store.QueueItem
+		var due int64
+		if err := rows.Scan(&it.ID, &it.Kind, &it.RunID, &it.Step, &it.Attempt, &due); err != nil {
+			return nil, err
+		}
+		it.DueAt = fromTS(due)
+		it.LeaseToken, it.LeaseUntil = tok, until
+		out = append(out, &it)
+	}
+	return out, rows.Err()
+}
+
+// NextDue is the earliest moment an item becomes claimable: its due time,
+// or the end of its lease when leased.
+func (s *Store) NextDue(ctx context.Context) (time.Time, bool, error) {
+	var v sql.NullInt64
+	err := s.r.QueryRowContext(ctx, `SELECT MIN(CASE WHEN lease_until IS NULL THEN due_at WHEN lease_until > due_at THEN lease_until ELSE due_at END) FROM queue`).Scan(&v)
+	if err != nil || !v.Valid {
+		return time.Time{}, false, err
+	}
+	return fromTS(v.Int64), true, nil
+}
+
+// Sweep removes queue items whose run has finished.
+func (s *Store) Sweep(ctx context.Context) (int, error) {
+	res, err := s.w.ExecContext(ctx, `DELETE FROM queue WHERE run_id IN (SELECT id FROM runs WHERE status IN `+statusTerminalSQL+`)`)
+	if err != nil {
+		return 0, err
+	}
+	n, _ := res.RowsAffected()
+	return int(n), nil
+}
+
+// ExtendLease keeps a long-running item leased; failure tells the holder to
+// stop, because the item was finished or cancelled elsewhere.
+func (s *Store) ExtendLease(ctx context.Context, id int64, leaseToken string, until time.Time) error {
+	res, err := s.w.ExecContext(ctx, s.q(`UPDATE queue SET lease_until = ? WHERE id = ? AND lease_token = ?`), ts(until), id, leaseToken)
+	if err != nil {
+		return fmt.Errorf("extend lease: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return fmt.Errorf("queue item %d: %w", id, store.ErrLeaseLost)
+	}
+	return nil
+}

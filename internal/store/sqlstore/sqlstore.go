@@ -1,0 +1,313 @@
+package sqlstore
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/ferryhq/ferry/internal/status"
+	"github.com/ferryhq/ferry/internal/store"
+)
+
+// Dialect is what differs between the backends.
+type Dialect struct {
+	Name string
+	// Dollar placeholders ($1) instead of ?.
+	Dollar bool
+	// LockRun is appended to the run SELECT inside InRun (FOR UPDATE).
+	LockRun string
+	// SkipLocked is appended to the claim sub-select.
+	SkipLocked string
+	// IsUnique classifies unique-constraint violations.
+	IsUnique func(error) bool
+	// MigrationLock/Unlock serialise concurrent migrators (Postgres).
+	MigrationLock, MigrationUnlock string
+	// AfterEnqueue, when set, runs in the enqueueing transaction so other
+	// nodes wake up at commit (Postgres NOTIFY).
+	AfterEnqueue string
+}
+
+// Store implements store.Store over database/sql.
+type Store struct {
+	d Dialect
+	w *sql.DB // writes (SQLite: a single connection)
+	r *sql.DB // reads (may equal w)
+
+	closers []func() error
+}
+
+// New builds a Store from a writer and a reader pool (they may be the same).
+func New(d Dialect, writer, reader *sql.DB, closers ...func() error) *Store {
+	return &Store{d: d, w: writer, r: reader, closers: closers}
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Dialect names the backend.
+func (s *Store) Dialect() string { return s.d.Name }
+
+// DB exposes the writer pool for tests and tools.
+func (s *Store) DB() *sql.DB { return s.w }
+
+// Close closes the pools and any extra resources.
+func (s *Store) Close() error {
+	var errs []error
+	for _, c := range s.closers {
+		errs = append(errs, c())
+	}
+	errs = append(errs, s.w.Close())
+	if s.r != s.w {
+		errs = append(errs, s.r.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// q rewrites ? placeholders for the dialect. Queries never hold a literal ?.
+func (s *Store) q(query string) string {
+	if !s.d.Dollar {
+		return query
+	}
+	var b strings.Builder
+	n := 0
+	for i := 0; i < len(query); i++ {
+		if query[i] == '?' {
+			n++
+			b.WriteByte('$')
+			b.WriteString(strconv.Itoa(n))
+			continue
+		}
+		b.WriteByte(query[i])
+	}
+	return b.String()
+}
+
+// Times are stored as Unix microseconds on both backends: exact, comparable
+// and free of driver time-zone conversions.
+func ts(t time.Time) int64 { return t.UnixMicro() }
+
+func fromTS(v int64) time.Time { return time.UnixMicro(v).UTC() }
+
+func tsPtr(t *time.Time) any {
+	if t == nil {
+		return nil
+	}
+	return t.UnixMicro()
+}
+
+func fromNullTS(v sql.NullInt64) *time.Time {
+	if !v.Valid {
+		return nil
+	}
+	t := fromTS(v.Int64)
+	return &t
+}
+
+func nullStr(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+func newID() string { return uuid.Must(uuid.NewV7()).String() }
+
+func token() string { return rand.Text() }
+
+// ---- workflows ----
+
+const wfCols = `w.id, w.name, w.version, w.enabled, w.deleted_at, w.created_at, w.updated_at, v.fingerprint, v.definition`
+
+func scanWorkflow(row interface{ Scan(...any) error }) (*store.Workflow, error) {
+	var w store.Workflow
+	var deleted sql.NullInt64
+	var created, updated int64
+	var def string
+	if err := row.Scan(&w.ID, &w.Name, &w.Version, &w.Enabled, &deleted, &created, &updated, &w.Fingerprint, &def); err != nil {
+		return nil, err
+	}
+	w.DeletedAt = fromNullTS(deleted)
+	w.CreatedAt, w.UpdatedAt = fromTS(created), fromTS(updated)
+	w.Definition = json.RawMessage(def)
+	return &w, nil
+}
+
+// CreateWorkflow inserts version 1 of a new workflow.
+func (s *Store) CreateWorkflow(ctx context.Context, w *store.Workflow) (*store.Workflow, error) {
+	now := time.Now()
+	id := newID()
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback() //nolint:errcheck
+	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO workflows (id, name, version, enabled, created_at, updated_at) VALUES (?, ?, 1, ?, ?, ?)`),
+		id, w.Name, w.Enabled, ts(now), ts(now)); err != nil {
+		if s.d.IsUnique(err) {
+			return nil, fmt.Errorf("workflow %q already exists: %w", w.Name, store.ErrConflict)
+		}
+		return nil, fmt.Errorf("insert workflow: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO workflow_versions (workflow_id, version, fingerprint, definition, created_at) VALUES (?, 1, ?, ?, ?)`),
+		id, w.Fingerprint, string(w.Definition), ts(now)); err != nil {
+		return nil, fmt.Errorf("insert workflow version: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, err
+	}
+	return s.GetWorkflow(ctx, id)
+}
+
+// resolveRef finds the live workflow id for an id or a name.
+func (s *Store) resolveRef(ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}, ref string) (string, error) {
+	var id string
+	err := q.QueryRowContext(ctx, s.q(`SELECT id FROM workflows WHERE (id = ? OR name = ?) AND deleted_at IS NULL ORDER BY CASE WHEN id = ? THEN 0 ELSE 1 END LIMIT 1`), ref, ref, ref).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", fmt.Errorf("workflow %q: %w", ref, store.ErrNotFound)
+	}
+	return id, err
+}
+
+// UpdateWorkflow writes a new version unless nothing changed.
+func (s *Store) UpdateWorkflow(ctx context.Context, ref string, w *store.Workflow) (*store.Workflow, error) {
+	now := time.Now()
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback() //nolint:errcheck
+	id, err := s.resolveRef(ctx, tx, ref)
+	if err != nil {
+		return nil, err
+	}
+	var version int
+	var fp string
+	if err := tx.QueryRowContext(ctx, s.q(`SELECT w.version, v.fingerprint FROM workflows w JOIN workflow_versions v ON v.workflow_id = w.id AND v.version = w.version WHERE w.id = ?`+s.d.LockRun), id).Scan(&version, &fp); err != nil {
+		return nil, fmt.Errorf("load workflow: %w", err)
+	}
+	if fp != w.Fingerprint {
+		version++
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO workflow_versions (workflow_id, version, fingerprint, definition, created_at) VALUES (?, ?, ?, ?, ?)`),
+			id, version, w.Fingerprint, string(w.Definition), ts(now)); err != nil {
+			return nil, fmt.Errorf("insert workflow version: %w", err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, s.q(`UPDATE workflows SET name = ?, version = ?, enabled = ?, updated_at = ? WHERE id = ?`),
+		w.Name, version, w.Enabled, ts(now), id); err != nil {
+		if s.d.IsUnique(err) {
+			return nil, fmt.Errorf("workflow %q already exists: %w", w.Name, store.ErrConflict)
+		}
+		return nil, fmt.Errorf("update workflow: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, err
+	}
+	return s.GetWorkflow(ctx, id)
+}
+
+// GetWorkflow returns a live workflow by id or name.
+func (s *Store) GetWorkflow(ctx context.Context, ref string) (*store.Workflow, error) {
+	id, err := s.resolveRef(ctx, s.r, ref)
+	if err != nil {
+		return nil, err
+	}
+	row := s.r.QueryRowContext(ctx, s.q(`SELECT `+wfCols+` FROM workflows w JOIN workflow_versions v ON v.workflow_id = w.id AND v.version = w.version WHERE w.id = ?`), id)
+	w, err := scanWorkflow(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("workflow %q: %w", ref, store.ErrNotFound)
+	}
+	return w, err
+}
+
+// GetWorkflowVersion returns one pinned version, even of a deleted workflow,
+// because in-flight runs finish after a delete.
+func (s *Store) GetWorkflowVersion(ctx context.Context, id string, version int) (*store.Workflow, error) {
+	row := s.r.QueryRowContext(ctx, s.q(`SELECT w.id, w.name, v.version, w.enabled, w.deleted_at, w.created_at, w.updated_at, v.fingerprint, v.definition FROM workflows w JOIN workflow_versions v ON v.workflow_id = w.id WHERE w.id = ? AND v.version = ?`), id, version)
+	w, err := scanWorkflow(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("workflow %s version %d: %w", id, version, store.ErrNotFound)
+	}
+	return w, err
+}
+
+func limit(p store.Page) int {
+	if p.Limit <= 0 || p.Limit > 500 {
+		return 50
+	}
+	return p.Limit
+}
+
+// ListWorkflows pages live workflows by name.
+func (s *Store) ListWorkflows(ctx context.Context, p store.Page) ([]*store.Workflow, string, error) {
+	n := limit(p)
+	rows, err := s.r.QueryContext(ctx, s.q(`SELECT `+wfCols+` FROM workflows w JOIN workflow_versions v ON v.workflow_id = w.id AND v.version = w.version WHERE w.deleted_at IS NULL AND w.name > ? ORDER BY w.name LIMIT ?`), p.Cursor, n+1)
+	if err != nil {
+		return nil, "", err
+	}
+	defer rows.Close()
+	var out []*store.Workflow
+	for rows.Next() {
+		w, err := scanWorkflow(rows)
+		if err != nil {
+			return nil, "", err
+		}
+		out = append(out, w)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if len(out) > n {
+		out = out[:n]
+		next = out[n-1].Name
+	}
+	return out, next, nil
+}
+
+// DeleteWorkflow soft-deletes; runs keep their pinned version.
+func (s *Store) DeleteWorkflow(ctx context.Context, ref string) error {
+	id, err := s.resolveRef(ctx, s.w, ref)
+	if err != nil {
+		return err
+	}
+	now := ts(time.Now())
+	_, err = s.w.ExecContext(ctx, s.q(`UPDATE workflows SET deleted_at = ?, updated_at = ? WHERE id = ? AND deleted_at IS NULL`), now, now, id)
+	return err
+}
+
+// ---- API keys ----
+
+// AddAPIKey stores a key hash.
+func (s *Store) AddAPIKey(ctx context.Context, name, hash string) error {
+	_, err := s.w.ExecContext(ctx, s.q(`INSERT INTO api_keys (hash, name, created_at) VALUES (?, ?, ?)`), hash, name, ts(time.Now()))
+	if err != nil && s.d.IsUnique(err) {
+		return nil
+	}
+	return err
+}
+
+// HasAPIKeys reports whether any key exists.
+func (s *Store) HasAPIKeys(ctx context.Context) (bool, error) {
+	var n int
+	err := s.r.QueryRowContext(ctx, `SELECT COUNT(*) FROM api_keys`).Scan(&n)
+	return n > 0, err
+}
+
+// APIKeyExists looks a key hash up.
+func (s *Store) APIKeyExists(ctx context.Context, hash string) (bool, error) {
+	var n int
+	err := s.r.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM api_keys WHERE hash = ?`), hash).Scan(&n)
+	return n > 0, err
+}
+
+// statusTerminalSQL lists the run statuses that end a run.
+var statusTerminalSQL = "('" + strings.Join([]string{status.RunCompleted, status.RunFailed, status.RunCancelled, status.RunTimeout}, "','") + "')"

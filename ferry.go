@@ -50,6 +50,8 @@ type Config struct {
 	// (default 5s).
 	SafetyTick time.Duration
 	Logger     *slog.Logger
+	// Clock replaces the system clock (tests drive timers with a fake).
+	Clock clock.Clock
 }
 
 // Engine is a running Ferry instance.
@@ -105,7 +107,7 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 	rt := runtime.New(runtime.Config{
 		Store:       st,
 		HTTP:        httpstep.New(policy.Transport()),
-		Clock:       clock.Real{},
+		Clock:       cfg.Clock,
 		Logger:      cfg.Logger,
 		PublicURL:   cfg.PublicURL,
 		Concurrency: cfg.Concurrency,
@@ -121,6 +123,10 @@ func (e *Engine) Handler() http.Handler { return e.api }
 
 // Run executes due work until ctx ends.
 func (e *Engine) Run(ctx context.Context) error { return e.rt.Run(ctx) }
+
+// Nudge asks the dispatcher to look for due work now instead of at its next
+// wake-up.
+func (e *Engine) Nudge() { e.rt.Nudge() }
 
 // Close releases the database.
 func (e *Engine) Close() error { return e.store.Close() }

@@ -21,6 +21,7 @@ const (
 	CodeConflict         = "conflict"
 	CodeAlreadyDelivered = "already_delivered"
 	CodeRunFinished      = "run_finished"
+	CodeStepFinished     = "step_finished"
 	CodeDisabled         = "workflow_disabled"
 	CodeTooLarge         = "too_large"
 	CodeInternal         = "internal"
@@ -67,6 +68,8 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusConflict, CodeAlreadyExists, err.Error())
 	case errors.Is(err, runtime.ErrAlreadyDelivered):
 		writeError(w, http.StatusConflict, CodeAlreadyDelivered, err.Error())
+	case errors.Is(err, runtime.ErrStepFinished):
+		writeError(w, http.StatusConflict, CodeStepFinished, err.Error())
 	case errors.Is(err, runtime.ErrRunFinished):
 		writeError(w, http.StatusConflict, CodeRunFinished, err.Error())
 	case errors.Is(err, runtime.ErrDisabled):

@@ -225,10 +225,11 @@ func (s *Server) parseDefinition(w http.ResponseWriter, r *http.Request) (*spec.
 	if limit <= 0 {
 		limit = int64(spec.DefaultLimits.MaxBytes)
 	}
-	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	// Read one byte past the limit so spec.Parse reports the size as a
+	// validation error (422 too_large) without reading an unbounded body.
+	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	if err != nil {
-		writeError(w, http.StatusRequestEntityTooLarge, CodeInvalidWorkflow, fmt.Sprintf("definition exceeds %d bytes", limit),
-			spec.FieldError{Path: "", Code: spec.CodeTooLarge, Message: fmt.Sprintf("definition exceeds the %d byte limit", limit)})
+		writeError(w, http.StatusBadRequest, CodeInvalidJSON, "could not read request body")
 		return nil, false
 	}
 	def, err := spec.Parse(b, s.limits)

@@ -117,13 +117,17 @@ func needsTerminal(st *spec.Step, states map[string]StepState) bool {
 
 func decide(r Run, st *spec.Step, states map[string]StepState) Decision {
 	if st.Cond == nil && st.If == "" {
+		// A failed need blocks the step whatever else its needs did, so
+		// failures are looked for first: whether the run fails must not
+		// depend on the order in which needs are listed.
 		for _, n := range st.Needs {
-			s := states[n].Status
-			if s == status.StepSkipped {
-				return Decision{Step: st.Name, Action: Skip, Reason: fmt.Sprintf("dependency %q was skipped", n)}
-			}
-			if status.StepFailure(s) {
+			if s := states[n].Status; status.StepFailure(s) {
 				return Decision{Step: st.Name, Action: Skip, Blocked: true, Reason: fmt.Sprintf("blocked: dependency %q ended %s", n, s)}
+			}
+		}
+		for _, n := range st.Needs {
+			if states[n].Status == status.StepSkipped {
+				return Decision{Step: st.Name, Action: Skip, Reason: fmt.Sprintf("dependency %q was skipped", n)}
 			}
 		}
 	} else {

@@ -27,6 +27,7 @@ var (
 	ErrDisabled         = errors.New("workflow is disabled")
 	ErrAlreadyDelivered = errors.New("webhook already delivered")
 	ErrRunFinished      = errors.New("run already finished")
+	ErrStepFinished     = errors.New("step already finished")
 )
 
 // Config tunes the runtime.
@@ -384,8 +385,11 @@ func (r *Runtime) DeliverWebhook(ctx context.Context, token string, payload []by
 		if s == nil {
 			return fmt.Errorf("step %s: %w", name, store.ErrNotFound)
 		}
-		if s.Body != nil || status.StepTerminal(s.Status) {
+		if s.Body != nil {
 			return fmt.Errorf("step %s: %w", name, ErrAlreadyDelivered)
+		}
+		if status.StepTerminal(s.Status) {
+			return fmt.Errorf("step %s is %s and no longer accepts callbacks: %w", name, s.Status, ErrStepFinished)
 		}
 		if status.RunTerminal(run.Status) {
 			return fmt.Errorf("run %s is %s: %w", runID, run.Status, ErrRunFinished)

@@ -1,6 +1,7 @@
 package spec
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -23,7 +24,9 @@ func ParseDuration(s string) (time.Duration, error) {
 	rest := s
 	if i := strings.IndexByte(rest, 'd'); i > 0 {
 		days, err := strconv.ParseFloat(rest[:i], 64)
-		if err != nil || days < 0 {
+		// !(days <= max) also rejects NaN; the bound keeps the conversion
+		// below defined (float to int overflow is platform-dependent).
+		if err != nil || days < 0 || !(days*float64(24*time.Hour) <= float64(math.MaxInt64/2)) {
 			return 0, fmt.Errorf("invalid duration %q (use forms like 30s, 5m, 2h, 1d)", s)
 		}
 		total = time.Duration(days * float64(24*time.Hour))
@@ -33,6 +36,12 @@ func ParseDuration(s string) (time.Duration, error) {
 		d, err := time.ParseDuration(rest)
 		if err != nil {
 			return 0, fmt.Errorf("invalid duration %q (use forms like 30s, 5m, 2h, 1d)", s)
+		}
+		if d < 0 {
+			return 0, fmt.Errorf("negative duration %q", s)
+		}
+		if total > math.MaxInt64-d {
+			return 0, fmt.Errorf("invalid duration %q (too long)", s)
 		}
 		total += d
 	}
@@ -47,7 +56,10 @@ func ParseDuration(s string) (time.Duration, error) {
 // the seed).
 func durationFromJSON(raw json.RawMessage, unit time.Duration) (time.Duration, error) {
 	var n json.Number
-	if err := json.Unmarshal(raw, &n); err == nil {
+	// json.Number also accepts a JSON string holding a number ("30"); such
+	// strings must go to ParseDuration, which rejects them, so that the unit
+	// is never guessed.
+	if t := bytes.TrimSpace(raw); len(t) > 0 && t[0] != '"' && json.Unmarshal(raw, &n) == nil {
 		f, err := n.Float64()
 		if err != nil || f < 0 || math.IsInf(f, 0) || f*float64(unit) > float64(math.MaxInt64/2) {
 			return 0, fmt.Errorf("invalid duration %s", string(raw))

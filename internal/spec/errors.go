@@ -3,6 +3,7 @@ package spec
 import (
 	"fmt"
 	"strings"
+	"unicode/utf8"
 )
 
 // Error codes carried in FieldError.Code. They are part of the API: clients
@@ -79,16 +80,36 @@ func (c *collector) err() error {
 // suggest returns the known name closest to s when it is close enough to be a
 // likely typo ("chrage" → "charge").
 func suggest(s string, known []string) string {
+	// levenshtein is quadratic, and names come straight from the document:
+	// a 100 KB name would take seconds. Valid step names are at most 64
+	// characters, and a name further away in length than the threshold can
+	// never be close enough, so neither is compared.
+	const maxLen = 128
+	if len(s) > maxLen {
+		return ""
+	}
+	limit := max(2, len(s)/3)
+	n := utf8.RuneCountInString(s)
 	best, bestD := "", 1<<30
 	for _, k := range known {
+		if len(k) > maxLen || abs(utf8.RuneCountInString(k)-n) > limit {
+			continue
+		}
 		if d := levenshtein(s, k); d < bestD {
 			best, bestD = k, d
 		}
 	}
-	if best != "" && bestD <= max(2, len(s)/3) {
+	if best != "" && bestD <= limit {
 		return best
 	}
 	return ""
+}
+
+func abs(x int) int {
+	if x < 0 {
+		return -x
+	}
+	return x
 }
 
 func levenshtein(a, b string) int {

@@ -58,11 +58,56 @@ func ToJSON(doc []byte) ([]byte, error) {
 	if len(trimmed) > 0 && (trimmed[0] == '{' || trimmed[0] == '[') {
 		return trimmed, nil
 	}
-	out, err := yaml.YAMLToJSON(doc)
+	// This is yaml.YAMLToJSON with a bound in the middle: aliases let a
+	// document of a few hundred bytes expand to gigabytes of JSON ("billion
+	// laughs"), so the decoded value, in which aliases are shared, is
+	// measured before it is encoded.
+	var v any
+	if err := yaml.UnmarshalWithOptions(doc, &v, yaml.UseOrderedMap()); err != nil {
+		return nil, fmt.Errorf("invalid YAML: %w", err)
+	}
+	if limit := 8*len(doc) + 1<<20; !yamlWithin(v, &limit) {
+		return nil, fmt.Errorf("invalid YAML: aliases expand the document beyond %d bytes", 8*len(doc)+1<<20)
+	}
+	out, err := yaml.MarshalWithOptions(v, yaml.JSON())
 	if err != nil {
 		return nil, fmt.Errorf("invalid YAML: %w", err)
 	}
 	return out, nil
+}
+
+// yamlWithin subtracts a rough JSON size of v from *budget and reports
+// whether it stayed positive; it stops early, so its cost is bounded by the
+// budget and not by the expanded size.
+func yamlWithin(v any, budget *int) bool {
+	*budget -= 8
+	if *budget < 0 {
+		return false
+	}
+	switch x := v.(type) {
+	case string:
+		*budget -= len(x)
+	case yaml.MapSlice:
+		for _, it := range x {
+			if !yamlWithin(it.Key, budget) || !yamlWithin(it.Value, budget) {
+				return false
+			}
+		}
+	case []any:
+		for _, e := range x {
+			if !yamlWithin(e, budget) {
+				return false
+			}
+		}
+	case map[string]any:
+		for k, e := range x {
+			*budget -= len(k)
+			if !yamlWithin(e, budget) {
+				return false
+			}
+		}
+	}
+	return *budget >= 0
 }
 
 // Parse reads and validates a definition (JSON or YAML). On failure the error

@@ -54,11 +54,10 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := s.w.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS ferry_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL)`); err != nil {
-		return fmt.Errorf("create migrations table: %w", err)
-	}
 	if s.d.MigrationLock != "" {
-		// Several servers may start at once on one Postgres.
+		// Several servers may start at once on one Postgres. Lock before
+		// creating the bookkeeping table: concurrent CREATE TABLE IF NOT
+		// EXISTS races on Postgres (unique violation in pg_type).
 		conn, err := s.w.Conn(ctx)
 		if err != nil {
 			return err
@@ -68,6 +67,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 			return fmt.Errorf("migration lock: %w", err)
 		}
 		defer conn.ExecContext(context.WithoutCancel(ctx), s.d.MigrationUnlock) //nolint:errcheck
+	}
+	if _, err := s.w.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS ferry_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL)`); err != nil {
+		return fmt.Errorf("create migrations table: %w", err)
 	}
 	for _, m := range ms {
 		if err := s.apply(ctx, m); err != nil {

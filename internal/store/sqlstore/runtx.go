@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/ferryhq/ferry/internal/store"
@@ -151,7 +152,18 @@ func (s *Store) Claim(ctx context.Context, now time.Time, lease time.Duration, n
 		it.LeaseToken, it.LeaseUntil = tok, until
 		out = append(out, &it)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	// RETURNING follows the rows' physical order, not the sub-select's
+	// ORDER BY: sort so callers get the earliest due first.
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].DueAt.Equal(out[j].DueAt) {
+			return out[i].DueAt.Before(out[j].DueAt)
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out, nil
 }
 
 // NextDue is the earliest moment an item becomes claimable: its due time,

@@ -1,0 +1,14 @@
+// Package client is a Go client for Ferry's REST API; it imports only the
+// standard library.
+//
+// A Client talks to one server with one API key:
+//
+//	c := client.New("http://127.0.0.1:8080", os.Getenv("FERRY_API_KEY"))
+//	wf, created, err := c.ApplyWorkflow(ctx, "order-processing", def)
+//	res, _, err := c.Trigger(ctx, "order-processing", json.RawMessage(`{"order_id": 42}`), "")
+//	run, err := c.GetRun(ctx, res.RunID)
+//
+// Every failed request the server answered is an *APIError carrying the
+// HTTP status, the error code and, for invalid definitions, one detail per
+// problem located by a JSON path; use errors.As to inspect it.
+package client

@@ -1,0 +1,884 @@
+package api_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/goccy/go-yaml"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/internal/api"
+	"github.com/ferryhq/ferry/internal/spec"
+)
+
+// ---- the document ----
+
+type obj = map[string]any
+
+var httpMethods = []string{"get", "put", "post", "delete", "options", "head", "patch", "trace"}
+
+// loadDoc parses the embedded document (once) with goccy/go-yaml and
+// normalises it through JSON, so that it holds the same Go types as a decoded
+// response. Tests only read it.
+func loadDoc(t *testing.T) obj {
+	t.Helper()
+	docOnce.Do(func() { docCache, docErr = parseDoc(api.OpenAPI()) })
+	if docErr != nil {
+		t.Fatal(docErr)
+	}
+	return docCache
+}
+
+var (
+	docOnce  sync.Once
+	docCache obj
+	docErr   error
+)
+
+func parseDoc(src []byte) (obj, error) {
+	if len(bytes.TrimSpace(src)) == 0 {
+		return nil, fmt.Errorf("the embedded OpenAPI document is empty")
+	}
+	var raw any
+	if err := yaml.UnmarshalWithOptions(src, &raw, yaml.Strict()); err != nil {
+		return nil, fmt.Errorf("parse openapi.yaml: %w", err)
+	}
+	js, err := yaml.YAMLToJSON(src)
+	if err != nil {
+		return nil, fmt.Errorf("openapi.yaml to JSON: %w", err)
+	}
+	var d obj
+	if err := json.Unmarshal(js, &d); err != nil {
+		return nil, fmt.Errorf("decode openapi.yaml: %w", err)
+	}
+	return d, nil
+}
+
+func m(v any) obj {
+	o, _ := v.(obj)
+	return o
+}
+
+// resolve follows local $refs (#/components/...).
+func resolve(t *testing.T, d obj, v any) obj {
+	t.Helper()
+	o := m(v)
+	for i := 0; o != nil && o["$ref"] != nil; i++ {
+		if i > 20 {
+			t.Fatalf("$ref loop at %v", o["$ref"])
+		}
+		target, err := lookupRef(d, o["$ref"].(string))
+		if err != nil {
+			t.Fatal(err)
+		}
+		o = target
+	}
+	return o
+}
+
+func lookupRef(d obj, ref string) (obj, error) {
+	rest, ok := strings.CutPrefix(ref, "#/")
+	if !ok {
+		return nil, fmt.Errorf("$ref %q is not local", ref)
+	}
+	var cur any = d
+	for _, seg := range strings.Split(rest, "/") {
+		seg = strings.ReplaceAll(strings.ReplaceAll(seg, "~1", "/"), "~0", "~")
+		next, ok := m(cur)[seg]
+		if !ok {
+			return nil, fmt.Errorf("$ref %q does not resolve (no %q)", ref, seg)
+		}
+		cur = next
+	}
+	if m(cur) == nil {
+		return nil, fmt.Errorf("$ref %q resolves to a non-object", ref)
+	}
+	return m(cur), nil
+}
+
+type operation struct {
+	method, path string
+	op           obj
+	pathItem     obj
+}
+
+func operations(d obj) []operation {
+	var out []operation
+	for p, item := range m(d["paths"]) {
+		for _, meth := range httpMethods {
+			if op := m(m(item)[meth]); op != nil {
+				out = append(out, operation{strings.ToUpper(meth), p, op, m(item)})
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].path+" "+out[i].method < out[j].path+" "+out[j].method
+	})
+	return out
+}
+
+func TestOpenAPIDocument(t *testing.T) {
+	d := loadDoc(t)
+	if v, _ := d["openapi"].(string); !strings.HasPrefix(v, "3.1.") {
+		t.Errorf("openapi = %q, want 3.1.x", v)
+	}
+	if m(d["info"])["title"] == nil || m(d["info"])["version"] == nil {
+		t.Error("info needs title and version")
+	}
+	if m(m(m(d["components"])["securitySchemes"])["bearerAuth"])["scheme"] != "bearer" {
+		t.Error("components.securitySchemes.bearerAuth must be an http bearer scheme")
+	}
+	// Every $ref anywhere resolves.
+	var walk func(v any, at string)
+	walk = func(v any, at string) {
+		switch x := v.(type) {
+		case obj:
+			if r, ok := x["$ref"].(string); ok {
+				if _, err := lookupRef(d, r); err != nil {
+					t.Errorf("%s: %v", at, err)
+				}
+			}
+			for k, c := range x {
+				walk(c, at+"/"+k)
+			}
+		case []any:
+			for i, c := range x {
+				walk(c, at+"/"+strconv.Itoa(i))
+			}
+		}
+	}
+	walk(d, "#")
+}
+
+func TestOpenAPIMatchesRoutes(t *testing.T) {
+	d := loadDoc(t)
+	documented := map[string]bool{}
+	for _, op := range operations(d) {
+		documented[op.method+" "+op.path] = true
+	}
+	served := map[string]bool{}
+	for _, r := range api.Routes {
+		served[r] = true
+	}
+	for r := range served {
+		if !documented[r] {
+			t.Errorf("route %q is served but not documented", r)
+		}
+	}
+	for r := range documented {
+		if !served[r] {
+			t.Errorf("operation %q is documented but not in api.Routes", r)
+		}
+	}
+}
+
+var pathParamRE = regexp.MustCompile(`\{([^}]+)\}`)
+
+func TestOpenAPIOperations(t *testing.T) {
+	d := loadDoc(t)
+	schemes := m(m(d["components"])["securitySchemes"])
+	ids := map[string]string{}
+	for _, o := range operations(d) {
+		name := o.method + " " + o.path
+		id, _ := o.op["operationId"].(string)
+		switch {
+		case id == "":
+			t.Errorf("%s: no operationId", name)
+		case ids[id] != "":
+			t.Errorf("%s: operationId %q already used by %s", name, id, ids[id])
+		default:
+			ids[id] = name
+		}
+		if s, _ := o.op["summary"].(string); s == "" {
+			t.Errorf("%s: no summary", name)
+		}
+
+		responses := m(o.op["responses"])
+		if len(responses) == 0 {
+			t.Errorf("%s: no responses", name)
+		}
+		for code := range responses {
+			n, err := strconv.Atoi(code)
+			if err != nil || n < 100 || n > 599 || http.StatusText(n) == "" {
+				t.Errorf("%s: response %q is not an HTTP status code", name, code)
+			}
+		}
+
+		sec, hasSec := o.op["security"].([]any)
+		if strings.HasPrefix(o.path, "/api/v1/") {
+			if !hasSec || len(sec) == 0 {
+				t.Errorf("%s: an /api/v1 operation must declare security", name)
+			}
+			for _, req := range sec {
+				for scheme := range m(req) {
+					if schemes[scheme] == nil {
+						t.Errorf("%s: unknown security scheme %q", name, scheme)
+					}
+				}
+			}
+			if responses["401"] == nil {
+				t.Errorf("%s: an /api/v1 operation must document 401", name)
+			}
+		} else if len(sec) > 0 {
+			t.Errorf("%s: %s needs no API key but declares security", name, o.path)
+		}
+
+		// Path template parameters and declared path parameters agree.
+		declared := map[string]bool{}
+		for _, list := range []any{o.pathItem["parameters"], o.op["parameters"]} {
+			for _, p := range listOf(list) {
+				p := resolve(t, d, p)
+				if p["in"] == "path" {
+					declared[p["name"].(string)] = true
+					if p["required"] != true {
+						t.Errorf("%s: path parameter %v must be required", name, p["name"])
+					}
+				}
+			}
+		}
+		inPath := map[string]bool{}
+		for _, mm := range pathParamRE.FindAllStringSubmatch(o.path, -1) {
+			inPath[mm[1]] = true
+			if !declared[mm[1]] {
+				t.Errorf("%s: path parameter %q is not declared", name, mm[1])
+			}
+		}
+		for p := range declared {
+			if !inPath[p] {
+				t.Errorf("%s: declared path parameter %q is not in the path", name, p)
+			}
+		}
+	}
+}
+
+// ---- a small structural validator: types, enums, consts, patterns,
+// required properties, and no keys the schema does not document ----
+
+func conform(t *testing.T, d obj, schema any, v any, at string) []string {
+	t.Helper()
+	s := resolve(t, d, schema)
+	if s == nil {
+		return []string{at + ": no schema"}
+	}
+	var probs []string
+	for _, sub := range listOf(s["allOf"]) {
+		probs = append(probs, conform(t, d, sub, v, at)...)
+	}
+	for _, kw := range []string{"oneOf", "anyOf"} {
+		branches := listOf(s[kw])
+		if len(branches) == 0 {
+			continue
+		}
+		matched := 0
+		for _, b := range branches {
+			if len(conform(t, d, b, v, at)) == 0 {
+				matched++
+			}
+		}
+		if matched == 0 || (kw == "oneOf" && matched > 1) {
+			probs = append(probs, fmt.Sprintf("%s: %d of the %s branches match %s", at, matched, kw, short(v)))
+		}
+	}
+	if ty, ok := s["type"]; ok && !typeMatches(ty, v) {
+		return append(probs, fmt.Sprintf("%s: %s is not of type %v", at, short(v), ty))
+	}
+	if c, ok := s["const"]; ok && !reflect.DeepEqual(c, v) {
+		probs = append(probs, fmt.Sprintf("%s: %s is not %v", at, short(v), c))
+	}
+	if e := listOf(s["enum"]); e != nil && !slices.ContainsFunc(e, func(x any) bool { return reflect.DeepEqual(x, v) }) {
+		probs = append(probs, fmt.Sprintf("%s: %s is not one of %v", at, short(v), e))
+	}
+	switch x := v.(type) {
+	case string:
+		if p, ok := s["pattern"].(string); ok && !regexp.MustCompile(p).MatchString(x) {
+			probs = append(probs, fmt.Sprintf("%s: %q does not match %s", at, x, p))
+		}
+	case float64:
+		if n, ok := s["minimum"].(float64); ok && x < n {
+			probs = append(probs, fmt.Sprintf("%s: %v is below %v", at, x, n))
+		}
+		if n, ok := s["exclusiveMinimum"].(float64); ok && x <= n {
+			probs = append(probs, fmt.Sprintf("%s: %v is not above %v", at, x, n))
+		}
+		if n, ok := s["maximum"].(float64); ok && x > n {
+			probs = append(probs, fmt.Sprintf("%s: %v is above %v", at, x, n))
+		}
+	case []any:
+		if items, ok := s["items"]; ok {
+			for i, it := range x {
+				probs = append(probs, conform(t, d, items, it, fmt.Sprintf("%s[%d]", at, i))...)
+			}
+		}
+	case obj:
+		props := m(s["properties"])
+		for _, r := range listOf(s["required"]) {
+			if _, ok := x[r.(string)]; !ok {
+				probs = append(probs, fmt.Sprintf("%s: required %q is missing", at, r))
+			}
+		}
+		if props == nil && s["additionalProperties"] == nil {
+			break // a free-form object
+		}
+		if n, ok := s["minProperties"].(float64); ok && float64(len(x)) < n {
+			probs = append(probs, fmt.Sprintf("%s: fewer than %v properties", at, n))
+		}
+		names := m(s["propertyNames"])
+		for k, val := range x {
+			if p, ok := names["pattern"].(string); ok && !regexp.MustCompile(p).MatchString(k) {
+				probs = append(probs, fmt.Sprintf("%s: property name %q does not match %s", at, k, p))
+			}
+			if ps, ok := props[k]; ok {
+				probs = append(probs, conform(t, d, ps, val, at+"."+k)...)
+				continue
+			}
+			switch ap := s["additionalProperties"].(type) {
+			case obj:
+				probs = append(probs, conform(t, d, ap, val, at+"."+k)...)
+			case bool:
+				if !ap {
+					probs = append(probs, fmt.Sprintf("%s: %q is not a documented property", at, k))
+				}
+			default:
+				probs = append(probs, fmt.Sprintf("%s: %q is not a documented property", at, k))
+			}
+		}
+	}
+	return probs
+}
+
+func listOf(v any) []any {
+	l, _ := v.([]any)
+	return l
+}
+
+func typeMatches(ty any, v any) bool {
+	var types []string
+	switch x := ty.(type) {
+	case string:
+		types = []string{x}
+	case []any:
+		for _, e := range x {
+			types = append(types, e.(string))
+		}
+	}
+	for _, want := range types {
+		switch x := v.(type) {
+		case nil:
+			if want == "null" {
+				return true
+			}
+		case bool:
+			if want == "boolean" {
+				return true
+			}
+		case string:
+			if want == "string" {
+				return true
+			}
+		case float64:
+			if want == "number" || (want == "integer" && x == math.Trunc(x)) {
+				return true
+			}
+		case []any:
+			if want == "array" {
+				return true
+			}
+		case obj:
+			if want == "object" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func short(v any) string {
+	b, _ := json.Marshal(v)
+	if len(b) > 80 {
+		return string(b[:77]) + "..."
+	}
+	return string(b)
+}
+
+func schemaNamed(t *testing.T, d obj, name string) obj {
+	t.Helper()
+	s, err := lookupRef(d, "#/components/schemas/"+name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// Every example in the document matches the schema it illustrates.
+func TestOpenAPIExamples(t *testing.T) {
+	d := loadDoc(t)
+	checked := 0
+	check := func(where string, media obj) {
+		if media == nil || media["schema"] == nil {
+			return
+		}
+		var values []any
+		if ex, ok := media["example"]; ok {
+			values = append(values, ex)
+		}
+		for _, ex := range m(media["examples"]) {
+			values = append(values, resolve(t, d, ex)["value"])
+		}
+		for _, v := range values {
+			checked++
+			if probs := conform(t, d, media["schema"], v, "$"); len(probs) > 0 {
+				t.Errorf("%s: the example does not match its schema:\n  %s", where, strings.Join(probs, "\n  "))
+			}
+		}
+	}
+	checkContent := func(where string, content any) {
+		for ct, media := range m(content) {
+			if ct == "application/json" {
+				check(where+" "+ct, m(media))
+			}
+		}
+	}
+	for _, o := range operations(d) {
+		name := o.method + " " + o.path
+		if rb := resolve(t, d, o.op["requestBody"]); rb != nil {
+			checkContent(name+" request", rb["content"])
+		}
+		for code, resp := range m(o.op["responses"]) {
+			checkContent(name+" "+code, resolve(t, d, resp)["content"])
+		}
+	}
+	if checked < 10 {
+		t.Errorf("only %d examples checked", checked)
+	}
+}
+
+// The definition schema accepts what the parser accepts and rejects shapes
+// the parser rejects.
+func TestOpenAPIDefinitionSchema(t *testing.T) {
+	d := loadDoc(t)
+	def := schemaNamed(t, d, "WorkflowDefinition")
+	valid := []string{
+		`{"name":"order-processing","trigger":"api","tasks":{
+			"charge":{"url":"https://myapp.com/api/charge","method":"POST","headers":{"Authorization":"Bearer {{trigger.body.token}}"},"body":{"order_id":"{{trigger.body.order_id}}"},"retries":3,"timeout":30000},
+			"send-receipt":{"needs":["charge"],"if":"tasks.charge.status_code == 200","url":"https://myapp.com/api/send-receipt","method":"POST","body":{"email":"{{trigger.body.email}}"}}}}`,
+		`{"name":"trial-expiry","description":"d","max_duration":"30d","enabled":false,"tasks":{
+			"start-trial":{"url":"https://myapp.com/api/activate-trial"},
+			"wait-13-days":{"needs":["start-trial"],"sleep":"13d"},
+			"nap":{"needs":["wait-13-days"],"sleep":30},
+			"send-reminder":{"needs":["nap"],"url":"https://myapp.com/api/send-email","timeout":"10s"}}}`,
+		`{"name":"checkout-flow","max_duration":86400,"tasks":{
+			"create-checkout":{"url":"https://myapp.com/api/create-checkout","body":{"callback_url":"{{wait.payment-result.url}}"}},
+			"payment-result":{"needs":["create-checkout"],"wait_for_webhook":{"timeout":"1h"}},
+			"other":{"wait_for_webhook":true},
+			"third":{"wait_for_webhook":{}},
+			"handle-timeout":{"needs":["payment-result"],"if":"tasks.payment-result.status == 'timeout'","url":"https://myapp.com/api/checkout-expired"}}}`,
+	}
+	for i, doc := range valid {
+		if _, err := spec.Parse([]byte(doc), spec.DefaultLimits); err != nil {
+			t.Fatalf("valid[%d]: the parser rejects it: %v", i, err)
+		}
+		var v any
+		if err := json.Unmarshal([]byte(doc), &v); err != nil {
+			t.Fatal(err)
+		}
+		if probs := conform(t, d, def, v, "$"); len(probs) > 0 {
+			t.Errorf("valid[%d]: the schema rejects it:\n%s", i, strings.Join(probs, "\n"))
+		}
+	}
+	invalid := map[string]string{
+		"unknown top-level field":  `{"name":"a","tasks":{"s":{"sleep":"1s"}},"colour":"red"}`,
+		"missing name":             `{"tasks":{"s":{"sleep":"1s"}}}`,
+		"missing tasks":            `{"name":"a"}`,
+		"no tasks":                 `{"name":"a","tasks":{}}`,
+		"unsupported trigger":      `{"name":"a","trigger":"cron","tasks":{"s":{"sleep":"1s"}}}`,
+		"two step types":           `{"name":"a","tasks":{"s":{"url":"https://x.example","sleep":"1s"}}}`,
+		"no step type":             `{"name":"a","tasks":{"s":{"needs":[]}}}`,
+		"unknown step field":       `{"name":"a","tasks":{"s":{"url":"https://x.example","colour":1}}}`,
+		"http field on sleep":      `{"name":"a","tasks":{"s":{"sleep":"1s","retries":2}}}`,
+		"unknown wait field":       `{"name":"a","tasks":{"s":{"wait_for_webhook":{"timeout":"1h","x":1}}}}`,
+		"wait_for_webhook false":   `{"name":"a","tasks":{"s":{"wait_for_webhook":false}}}`,
+		"retries out of range":     `{"name":"a","tasks":{"s":{"url":"https://x.example","retries":26}}}`,
+		"bad step name":            `{"name":"a","tasks":{"s.t":{"sleep":"1s"}}}`,
+		"bad workflow name":        `{"name":"-a","tasks":{"s":{"sleep":"1s"}}}`,
+		"enabled is not a boolean": `{"name":"a","enabled":"yes","tasks":{"s":{"sleep":"1s"}}}`,
+	}
+	for name, doc := range invalid {
+		if _, err := spec.Parse([]byte(doc), spec.DefaultLimits); err == nil {
+			t.Errorf("%s: the parser accepts it; pick another case", name)
+		}
+		var v any
+		if err := json.Unmarshal([]byte(doc), &v); err != nil {
+			t.Fatal(err)
+		}
+		if probs := conform(t, d, def, v, "$"); len(probs) == 0 {
+			t.Errorf("%s: the schema accepts a definition the server rejects", name)
+		}
+	}
+}
+
+// ---- behaviour: the real server returns what the document says ----
+
+type client struct {
+	t   *testing.T
+	d   obj
+	url string
+	key string
+}
+
+type reply struct {
+	status int
+	raw    []byte
+	body   any
+}
+
+func (r reply) data() obj         { return m(m(r.body)["data"]) }
+func (r reply) errorDetail() obj  { return m(m(r.body)["error"]) }
+func (r reply) errorCode() string { s, _ := r.errorDetail()["code"].(string); return s }
+
+// call sends a request for the route (e.g. "POST /api/v1/workflows") with
+// the path filled in, and checks that the status is documented for that
+// operation and that the body matches the documented schema.
+func (c *client) call(route, path string, body string, header map[string]string) reply {
+	c.t.Helper()
+	method, pattern, _ := strings.Cut(route, " ")
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, c.url+path, rd)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if c.key != "" {
+		req.Header.Set("Authorization", "Bearer "+c.key)
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	r := reply{status: resp.StatusCode, raw: raw}
+	ct, _, _ := strings.Cut(resp.Header.Get("Content-Type"), ";")
+	if ct == "application/json" {
+		if err := json.Unmarshal(raw, &r.body); err != nil {
+			c.t.Fatalf("%s %s: body is not JSON: %v: %s", method, path, err, raw)
+		}
+	}
+
+	op := m(m(m(c.d["paths"])[pattern])[strings.ToLower(method)])
+	if op == nil {
+		c.t.Fatalf("%s is not documented", route)
+	}
+	doc := resolve(c.t, c.d, m(op["responses"])[strconv.Itoa(resp.StatusCode)])
+	if doc == nil {
+		c.t.Errorf("%s %s: the server returned %d, which is not documented (body %s)", method, path, resp.StatusCode, raw)
+		return r
+	}
+	content := m(doc["content"])
+	if len(content) == 0 {
+		if len(bytes.TrimSpace(raw)) != 0 {
+			c.t.Errorf("%s %s %d: documented without a body, got %s", method, path, resp.StatusCode, raw)
+		}
+		return r
+	}
+	media := m(content[ct])
+	if media == nil {
+		c.t.Errorf("%s %s %d: content type %q is not documented", method, path, resp.StatusCode, ct)
+		return r
+	}
+	if ct != "application/json" {
+		return r
+	}
+	if probs := conform(c.t, c.d, media["schema"], r.body, "$"); len(probs) > 0 {
+		c.t.Errorf("%s %s %d: the body does not match the documented schema:\n  %s\nbody: %s",
+			method, path, resp.StatusCode, strings.Join(probs, "\n  "), raw)
+	}
+	return r
+}
+
+func (c *client) expect(r reply, status int, code string) {
+	c.t.Helper()
+	if r.status != status {
+		c.t.Fatalf("status %d, want %d; body %s", r.status, status, r.raw)
+	}
+	if code != "" && r.errorCode() != code {
+		c.t.Fatalf("error code %q, want %q; body %s", r.errorCode(), code, r.raw)
+	}
+}
+
+func newServer(t *testing.T) (*client, *client) {
+	t.Helper()
+	ctx := context.Background()
+	eng, err := ferry.Open(ctx, ferry.Config{
+		Database: "sqlite:" + filepath.Join(t.TempDir(), "f.db"),
+		Migrate:  true,
+		Logger:   slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.EnsureAPIKey(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(eng.Handler())
+	t.Cleanup(func() {
+		srv.Close()
+		if err := eng.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	d := loadDoc(t)
+	return &client{t: t, d: d, url: srv.URL, key: "k"}, &client{t: t, d: d, url: srv.URL}
+}
+
+const checkoutDef = `{
+  "name": "checkout",
+  "description": "wait for the payment provider, then ship",
+  "max_duration": "2d",
+  "tasks": {
+    "payment": {"wait_for_webhook": {"timeout": "1h"}},
+    "cool-off": {"needs": ["payment"], "sleep": "1h"},
+    "ship": {
+      "needs": ["cool-off"],
+      "if": "tasks.payment.body.status == 'paid'",
+      "url": "https://shop.example/ship",
+      "body": {"payment_id": "{{tasks.payment.body.payment_id}}"}
+    }
+  }
+}`
+
+func TestOpenAPIMatchesServer(t *testing.T) {
+	c, anon := newServer(t)
+
+	// System routes.
+	c.expect(anon.call("GET /healthz", "/healthz", "", nil), 200, "")
+	r := anon.call("GET /openapi.yaml", "/openapi.yaml", "", nil)
+	c.expect(r, 200, "")
+	if !bytes.Equal(r.raw, api.OpenAPI()) {
+		t.Error("GET /openapi.yaml does not serve the embedded document")
+	}
+
+	// Auth.
+	c.expect(anon.call("GET /api/v1/workflows", "/api/v1/workflows", "", nil), 401, "unauthorized")
+	bad := &client{t: t, d: c.d, url: c.url, key: "wrong"}
+	c.expect(bad.call("POST /api/v1/workflows", "/api/v1/workflows", checkoutDef, nil), 401, "unauthorized")
+
+	// Workflows.
+	r = c.call("POST /api/v1/workflows", "/api/v1/workflows", checkoutDef, nil)
+	c.expect(r, 201, "")
+	wf := r.data()
+	if wf["name"] != "checkout" || wf["task_count"] != 3.0 || wf["trigger"] != "api" || wf["enabled"] != true || wf["max_duration"] != "2d" {
+		t.Errorf("create: unexpected workflow %s", r.raw)
+	}
+	if _, ok := wf["tasks"]; ok {
+		t.Error("create: the response should not carry tasks")
+	}
+	wfID := wf["id"].(string)
+
+	c.expect(c.call("POST /api/v1/workflows", "/api/v1/workflows", checkoutDef, nil), 409, "already_exists")
+
+	invalid := `{"name":"order-processing","tasks":{
+		"charge":{"url":"https://myapp.com/api/charge"},
+		"send-receipt":{"needs":["chrage"],"url":"https://myapp.com/api/send-receipt"}}}`
+	r = c.call("POST /api/v1/workflows", "/api/v1/workflows", invalid, nil)
+	c.expect(r, 422, "invalid_workflow")
+	details := listOf(r.errorDetail()["details"])
+	if len(details) == 0 || m(details[0])["path"] != "tasks.send-receipt.needs[0]" || m(details[0])["code"] != "unknown_need" ||
+		!strings.Contains(m(details[0])["message"].(string), `did you mean "charge"?`) {
+		t.Errorf("422: unexpected details %s", r.raw)
+	}
+	c.expect(c.call("POST /api/v1/workflows", "/api/v1/workflows", `{"name":`, nil), 400, "invalid_json")
+
+	c.expect(c.call("GET /api/v1/workflows/{id}", "/api/v1/workflows/nope", "", nil), 404, "not_found")
+	for _, ref := range []string{"checkout", wfID} {
+		r = c.call("GET /api/v1/workflows/{id}", "/api/v1/workflows/"+ref, "", nil)
+		c.expect(r, 200, "")
+		if r.data()["id"] != wfID || m(r.data()["tasks"])["payment"] == nil {
+			t.Errorf("get %s: %s", ref, r.raw)
+		}
+	}
+	r = c.call("GET /api/v1/workflows", "/api/v1/workflows?limit=10", "", nil)
+	c.expect(r, 200, "")
+	if l := listOf(m(r.body)["data"]); len(l) != 1 || m(r.body)["next_cursor"] != nil {
+		t.Errorf("list: %s", r.raw)
+	}
+	c.expect(c.call("GET /api/v1/workflows", "/api/v1/workflows?limit=0", "", nil), 400, "invalid_parameter")
+	r = c.call("PUT /api/v1/workflows/{id}", "/api/v1/workflows/checkout", checkoutDef, nil)
+	c.expect(r, 200, "")
+	if r.data()["version"] != 1.0 {
+		t.Errorf("an unchanged definition should keep version 1: %s", r.raw)
+	}
+
+	// Trigger, idempotently.
+	idem := map[string]string{"Idempotency-Key": "order-123", "Content-Type": "application/json"}
+	r = c.call("POST /api/v1/workflows/{id}/trigger", "/api/v1/workflows/checkout/trigger", `{"order_id": 123}`, idem)
+	c.expect(r, 201, "")
+	runID, _ := r.data()["run_id"].(string)
+	if runID == "" || r.data()["workflow_id"] != wfID || r.data()["status"] != "running" {
+		t.Fatalf("trigger: %s", r.raw)
+	}
+	r = c.call("POST /api/v1/workflows/{id}/trigger", "/api/v1/workflows/checkout/trigger", `{"order_id": 123}`, idem)
+	c.expect(r, 200, "")
+	if r.data()["run_id"] != runID {
+		t.Errorf("a repeated Idempotency-Key started run %v, want %s", r.data()["run_id"], runID)
+	}
+	c.expect(c.call("POST /api/v1/workflows/{id}/trigger", "/api/v1/workflows/checkout/trigger", `{bad`, nil), 400, "invalid_json")
+	c.expect(c.call("POST /api/v1/workflows/{id}/trigger", "/api/v1/workflows/nope/trigger", `{}`, nil), 404, "not_found")
+
+	// Runs.
+	r = c.call("GET /api/v1/runs/{run_id}", "/api/v1/runs/"+runID, "", nil)
+	c.expect(r, 200, "")
+	tasks := m(r.data()["tasks"])
+	if names := mapKeysInOrder(t, r.raw); !slices.Equal(names, []string{"payment", "cool-off", "ship"}) {
+		t.Errorf("tasks are not in definition order: %v", names)
+	}
+	payment := m(tasks["payment"])
+	if payment["status"] != "waiting" || payment["callback_url"] == nil {
+		t.Fatalf("payment step: %s", r.raw)
+	}
+	callback := payment["callback_url"].(string)
+	whPath := callback[strings.Index(callback, "/wh/"):]
+
+	c.expect(c.call("GET /api/v1/workflows/{id}/runs/{run_id}", "/api/v1/workflows/checkout/runs/"+runID, "", nil), 200, "")
+	c.expect(c.call("GET /api/v1/workflows/{id}/runs/{run_id}", "/api/v1/workflows/other/runs/"+runID, "", nil), 404, "not_found")
+	c.expect(c.call("GET /api/v1/runs/{run_id}", "/api/v1/runs/nope", "", nil), 404, "not_found")
+	r = c.call("GET /api/v1/workflows/{id}/runs", "/api/v1/workflows/checkout/runs", "", nil)
+	c.expect(r, 200, "")
+	if l := listOf(m(r.body)["data"]); len(l) != 1 || m(l[0])["id"] != runID || m(l[0])["tasks"] != nil {
+		t.Errorf("list runs: %s", r.raw)
+	}
+
+	// Webhook callbacks.
+	c.expect(anon.call("POST /wh/{token}", "/wh/wh_unknown", `{}`, nil), 404, "not_found")
+	r = anon.call("POST /wh/{token}", whPath, `{"status":"paid","payment_id":"pay_789"}`, map[string]string{"Content-Type": "application/json"})
+	c.expect(r, 202, "")
+	c.expect(anon.call("POST /wh/{token}", whPath, `{}`, nil), 409, "already_delivered")
+	r = c.call("GET /api/v1/runs/{run_id}", "/api/v1/runs/"+runID, "", nil)
+	c.expect(r, 200, "")
+	payment = m(m(r.data()["tasks"])["payment"])
+	if payment["status"] != "success" || m(payment["body"])["payment_id"] != "pay_789" || payment["is_truncated"] != false {
+		t.Errorf("after the callback: %s", r.raw)
+	}
+	if m(m(r.data()["tasks"])["cool-off"])["status"] != "sleeping" {
+		t.Errorf("cool-off should be sleeping: %s", r.raw)
+	}
+
+	// Events.
+	r = c.call("GET /api/v1/runs/{run_id}/events", "/api/v1/runs/"+runID+"/events", "", nil)
+	c.expect(r, 200, "")
+	events := listOf(m(r.body)["data"])
+	if len(events) < 3 || m(events[0])["type"] != "run_started" || m(events[0])["seq"] != 1.0 {
+		t.Errorf("events: %s", r.raw)
+	}
+	r = c.call("GET /api/v1/runs/{run_id}/events", "/api/v1/runs/"+runID+"/events?after="+strconv.Itoa(len(events)), "", nil)
+	c.expect(r, 200, "")
+	if l := listOf(m(r.body)["data"]); l == nil || len(l) != 0 {
+		t.Errorf("events after the last: %s", r.raw)
+	}
+	c.expect(c.call("GET /api/v1/runs/{run_id}/events", "/api/v1/runs/"+runID+"/events?after=-1", "", nil), 400, "invalid_parameter")
+
+	// Cancel.
+	r = c.call("POST /api/v1/workflows/{id}/runs/{run_id}/cancel", "/api/v1/workflows/checkout/runs/"+runID+"/cancel", "", nil)
+	c.expect(r, 200, "")
+	if r.data()["status"] != "cancelled" || m(m(r.data()["tasks"])["ship"])["status"] != "cancelled" {
+		t.Errorf("cancel: %s", r.raw)
+	}
+	c.expect(c.call("POST /api/v1/runs/{run_id}/cancel", "/api/v1/runs/"+runID+"/cancel", "", nil), 409, "run_finished")
+
+	// Disabled workflows cannot be triggered.
+	disabled := strings.Replace(checkoutDef, `"max_duration"`, `"enabled": false, "max_duration"`, 1)
+	r = c.call("PUT /api/v1/workflows/{id}", "/api/v1/workflows/"+wfID, disabled, nil)
+	c.expect(r, 200, "")
+	if r.data()["enabled"] != false {
+		t.Errorf("update: %s", r.raw)
+	}
+	c.expect(c.call("POST /api/v1/workflows/{id}/trigger", "/api/v1/workflows/checkout/trigger", "", nil), 409, "workflow_disabled")
+
+	// Delete.
+	c.expect(c.call("DELETE /api/v1/workflows/{id}", "/api/v1/workflows/checkout", "", nil), 204, "")
+	c.expect(c.call("DELETE /api/v1/workflows/{id}", "/api/v1/workflows/checkout", "", nil), 404, "not_found")
+	c.expect(c.call("GET /api/v1/workflows/{id}", "/api/v1/workflows/"+wfID, "", nil), 404, "not_found")
+	// The run outlives its workflow.
+	c.expect(c.call("GET /api/v1/runs/{run_id}", "/api/v1/runs/"+runID, "", nil), 200, "")
+}
+
+// An early callback, before its step starts, is kept and satisfies it.
+func TestOpenAPIEarlyCallback(t *testing.T) {
+	c, anon := newServer(t)
+	def := `{"name":"early","tasks":{"first":{"wait_for_webhook":true},"second":{"needs":["first"],"wait_for_webhook":{}}}}`
+	c.expect(c.call("POST /api/v1/workflows", "/api/v1/workflows", def, nil), 201, "")
+	r := c.call("POST /api/v1/workflows/{id}/trigger", "/api/v1/workflows/early/trigger", "", nil)
+	c.expect(r, 201, "")
+	runID := r.data()["run_id"].(string)
+	path := func(step string) string {
+		r := c.call("GET /api/v1/runs/{run_id}", "/api/v1/runs/"+runID, "", nil)
+		u := m(m(r.data()["tasks"])[step])["callback_url"].(string)
+		return u[strings.Index(u, "/wh/"):]
+	}
+	second, first := path("second"), path("first")
+	c.expect(anon.call("POST /wh/{token}", second, "not json", nil), 202, "")
+	c.expect(anon.call("POST /wh/{token}", first, "", nil), 202, "")
+	r = c.call("GET /api/v1/runs/{run_id}", "/api/v1/runs/"+runID, "", nil)
+	c.expect(r, 200, "")
+	tasks := m(r.data()["tasks"])
+	if r.data()["status"] != "completed" || m(tasks["second"])["status"] != "success" || m(tasks["second"])["body"] != "not json" {
+		t.Errorf("early callback: %s", r.raw)
+	}
+	if _, ok := m(tasks["first"])["body"]; !ok || m(tasks["first"])["body"] != nil {
+		t.Errorf("an empty callback body should be stored as null: %s", r.raw)
+	}
+	c.expect(anon.call("POST /wh/{token}", second, "{}", nil), 409, "already_delivered")
+}
+
+// mapKeysInOrder returns the keys of data.tasks as they appear in raw.
+func mapKeysInOrder(t *testing.T, raw []byte) []string {
+	t.Helper()
+	var env struct {
+		Data struct {
+			Tasks json.RawMessage `json:"tasks"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(raw, &env); err != nil {
+		t.Fatal(err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(env.Data.Tasks))
+	if _, err := dec.Token(); err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k.(string))
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return keys
+}

@@ -1,0 +1,81 @@
+package clock
+
+import (
+	"sync"
+	"time"
+)
+
+// Fake is a manually advanced clock for tests: time stands still until
+// Advance, which fires every timer that has come due.
+type Fake struct {
+	mu     sync.Mutex
+	now    time.Time
+	timers []*fakeTimer
+}
+
+// NewFake starts a fake clock at t.
+func NewFake(t time.Time) *Fake { return &Fake{now: t} }
+
+// Now returns the fake time.
+func (f *Fake) Now() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.now
+}
+
+// Advance moves time forward and fires due timers.
+func (f *Fake) Advance(d time.Duration) {
+	f.mu.Lock()
+	f.now = f.now.Add(d)
+	now := f.now
+	keep := f.timers[:0]
+	var fire []*fakeTimer
+	for _, t := range f.timers {
+		if !t.at.After(now) {
+			fire = append(fire, t)
+		} else {
+			keep = append(keep, t)
+		}
+	}
+	f.timers = keep
+	f.mu.Unlock()
+	for _, t := range fire {
+		select {
+		case t.c <- now:
+		default:
+		}
+	}
+}
+
+// NewTimer makes a timer that fires when the fake time reaches now+d.
+func (f *Fake) NewTimer(d time.Duration) Timer {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t := &fakeTimer{f: f, at: f.now.Add(d), c: make(chan time.Time, 1)}
+	if d <= 0 {
+		t.c <- f.now
+		return t
+	}
+	f.timers = append(f.timers, t)
+	return t
+}
+
+type fakeTimer struct {
+	f  *Fake
+	at time.Time
+	c  chan time.Time
+}
+
+func (t *fakeTimer) C() <-chan time.Time { return t.c }
+
+func (t *fakeTimer) Stop() bool {
+	t.f.mu.Lock()
+	defer t.f.mu.Unlock()
+	for i, x := range t.f.timers {
+		if x == t {
+			t.f.timers = append(t.f.timers[:i], t.f.timers[i+1:]...)
+			return true
+		}
+	}
+	return false
+}

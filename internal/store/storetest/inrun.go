@@ -1,0 +1,296 @@
+package storetest
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/status"
+	"github.com/ferryhq/ferry/internal/store"
+)
+
+var inRunTests = []test{
+	{"SeesRunAndSteps", testInRunSees},
+	{"UpdateStepRoundTripsEveryColumn", testUpdateStepRoundTrip},
+	{"UpdateStepUnknownIsNotFound", testUpdateStepUnknown},
+	{"UpdateRun", testUpdateRun},
+	{"AppendContinuesSeq", testAppendContinuesSeq},
+	{"ErrorRollsBackEverything", testInRunRollback},
+	{"SerialisesConcurrentCallers", testInRunSerialises},
+}
+
+func testInRunSees(t *testing.T, s store.Store) {
+	wf := mkWorkflow(t, s, "wf")
+	r := mkSimpleRun(t, s, wf)
+	wantRun, wantSteps := getRun(t, s, r.ID)
+	called := false
+	inRun(t, s, r.ID, at(time.Second), func(tx store.RunTx) error {
+		called = true
+		diff(t, "tx.Run()", wantRun, tx.Run())
+		diff(t, "tx.Steps()", wantSteps, tx.Steps())
+		diff(t, "tx.Step(b)", wantSteps[1], tx.Step("b"))
+		if st := tx.Step("nope"); st != nil {
+			t.Errorf("tx.Step(unknown) = %+v, want nil", st)
+		}
+		return nil
+	})
+	if !called {
+		t.Fatal("InRun did not call fn")
+	}
+}
+
+func testUpdateStepRoundTrip(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	r := mkSimpleRun(t, s, wf)
+
+	full := &store.StepRun{
+		RunID:         r.ID,
+		Name:          "a",
+		Position:      0,
+		Type:          "http",
+		Status:        status.StepSuccess,
+		Attempt:       3,
+		CallbackToken: "cb-round-trip",
+		StatusCode:    ptr(201),
+		DurationMS:    ptr(int64(1234567890123)),
+		Request:       json.RawMessage(`{"method":"POST","url":"https://example.com/x?y=1","headers":{"A":"b"},"body":"caf\u00e9 ☕"}`),
+		Body:          []byte{0xff, 0xfe, 0x00, 0x80, 'o', 'k', 0xc3, 0x28, '\n', 0x00},
+		Headers:       map[string]string{"Content-Type": "application/octet-stream", "X-Ünïcode": "✓", "Empty": ""},
+		Truncated:     true,
+		Blocked:       true,
+		Error:         "upstream said: \"no\"\nline 2",
+		WakeAt:        ptr(at(90*time.Second + 1*time.Microsecond)),
+		StartedAt:     ptr(at(123456 * time.Microsecond)),
+		FinishedAt:    ptr(at(time.Second + 999999*time.Microsecond)),
+	}
+	inRun(t, s, r.ID, at(time.Second), func(tx store.RunTx) error {
+		return tx.UpdateStep(full)
+	})
+	_, steps := getRun(t, s, r.ID)
+	diff(t, "step a after UpdateStep", full, stepNamed(t, steps, "a"))
+	diff(t, "step b (untouched)", &store.StepRun{RunID: r.ID, Name: "b", Position: 1, Type: "sleep", Status: status.StepPending}, stepNamed(t, steps, "b"))
+	// Microsecond precision, not just Equal-ish.
+	if got := stepNamed(t, steps, "a").StartedAt; got == nil || got.UnixMicro() != full.StartedAt.UnixMicro() {
+		t.Errorf("StartedAt = %v, want %v to the microsecond", got, full.StartedAt)
+	}
+	// A transaction sees the stored values too.
+	inRun(t, s, r.ID, at(2*time.Second), func(tx store.RunTx) error {
+		diff(t, "tx.Step(a)", full, tx.Step("a"))
+		return nil
+	})
+	runID, name, err := s.StepByToken(ctx, "cb-round-trip")
+	must(t, err, "StepByToken")
+	if runID != r.ID || name != "a" {
+		t.Errorf("StepByToken = (%s, %s), want (%s, a)", runID, name, r.ID)
+	}
+
+	// Clearing every optional column round-trips as well.
+	cleared := &store.StepRun{RunID: r.ID, Name: "a", Position: 0, Type: "http", Status: status.StepPending}
+	inRun(t, s, r.ID, at(3*time.Second), func(tx store.RunTx) error {
+		return tx.UpdateStep(cleared)
+	})
+	_, steps = getRun(t, s, r.ID)
+	diff(t, "step a after clearing", cleared, stepNamed(t, steps, "a"))
+	_, _, err = s.StepByToken(ctx, "cb-round-trip")
+	wantErr(t, err, store.ErrNotFound, "StepByToken after clearing the token")
+}
+
+func testUpdateStepUnknown(t *testing.T, s store.Store) {
+	wf := mkWorkflow(t, s, "wf")
+	r := mkSimpleRun(t, s, wf)
+	err := s.InRun(t.Context(), r.ID, t0, func(tx store.RunTx) error {
+		err := tx.UpdateStep(&store.StepRun{RunID: r.ID, Name: "ghost", Type: "http", Status: status.StepSuccess})
+		wantErr(t, err, store.ErrNotFound, "UpdateStep(unknown step)")
+		return err
+	})
+	wantErr(t, err, store.ErrNotFound, "InRun returning UpdateStep's error")
+}
+
+func testUpdateRun(t *testing.T, s store.Store) {
+	wf := mkWorkflow(t, s, "wf")
+	r := mkSimpleRun(t, s, wf)
+	now := at(5*time.Second + 7*time.Microsecond)
+	finished := at(4*time.Second + 3*time.Microsecond)
+	var want store.Run
+	inRun(t, s, r.ID, now, func(tx store.RunTx) error {
+		u := *tx.Run()
+		u.Status = status.RunFailed
+		u.Error = "step a: boom ✗"
+		u.FinishedAt = &finished
+		if err := tx.UpdateRun(&u); err != nil {
+			return err
+		}
+		diff(t, "tx.Run() after UpdateRun", u.Status, tx.Run().Status)
+		want = u
+		return nil
+	})
+	want.UpdatedAt = now
+	got, _ := getRun(t, s, r.ID)
+	diff(t, "run after UpdateRun", &want, got)
+	if got.FinishedAt == nil || got.FinishedAt.UnixMicro() != finished.UnixMicro() {
+		t.Errorf("FinishedAt = %v, want %v", got.FinishedAt, finished)
+	}
+
+	// And back (a resumed run clears error and finished_at).
+	inRun(t, s, r.ID, now.Add(time.Second), func(tx store.RunTx) error {
+		u := *tx.Run()
+		u.Status, u.Error, u.FinishedAt = status.RunRunning, "", nil
+		return tx.UpdateRun(&u)
+	})
+	got, _ = getRun(t, s, r.ID)
+	if got.Status != status.RunRunning || got.Error != "" || got.FinishedAt != nil {
+		t.Errorf("run after reset = {Status:%s Error:%q FinishedAt:%v}, want {running \"\" nil}", got.Status, got.Error, got.FinishedAt)
+	}
+}
+
+func testAppendContinuesSeq(t *testing.T, s store.Store) {
+	wf := mkWorkflow(t, s, "wf")
+	r := mkRun(t, s, &store.NewRun{Run: baseRun(wf, ""), Events: []store.NewEvent{{Type: "run_started"}, {Type: "step_started", Step: "a"}}})
+	now := at(time.Minute)
+	inRun(t, s, r.ID, now, func(tx store.RunTx) error {
+		if err := tx.Append(store.NewEvent{Type: "step_succeeded", Step: "a", Data: map[string]int{"status": 200}}); err != nil {
+			return err
+		}
+		return tx.Append(store.NewEvent{Type: "run_completed"})
+	})
+	// A transaction that appends nothing does not disturb the sequence.
+	inRun(t, s, r.ID, now, func(store.RunTx) error { return nil })
+	later := at(2 * time.Minute)
+	inRun(t, s, r.ID, later, func(tx store.RunTx) error {
+		return tx.Append(store.NewEvent{Type: "note"})
+	})
+	evs := events(t, s, r.ID)
+	diff(t, "seqs", seqRange(1, 5), seqs(evs))
+	if len(evs) == 5 {
+		want := []*store.Event{
+			{RunID: r.ID, Seq: 3, Type: "step_succeeded", Step: "a", Data: json.RawMessage(`{"status":200}`), At: now},
+			{RunID: r.ID, Seq: 4, Type: "run_completed", At: now},
+			{RunID: r.ID, Seq: 5, Type: "note", At: later},
+		}
+		diff(t, "appended events", want, evs[2:])
+	}
+}
+
+var errRollback = errors.New("storetest: deliberate failure")
+
+func testInRunRollback(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	initial := []store.QueueItem{{Kind: store.KindHTTP, Step: "a", DueAt: t0}}
+	r := mkRun(t, s, &store.NewRun{
+		Run:    baseRun(wf, ""),
+		Steps:  []*store.StepRun{{Name: "a", Position: 0, Type: "http", Status: status.StepPending}},
+		Queue:  initial,
+		Events: []store.NewEvent{{Type: "run_started"}, {Type: "step_started", Step: "a"}},
+	})
+	claimed, err := s.Claim(ctx, t0, time.Minute, 10)
+	must(t, err, "Claim")
+	if len(claimed) != 1 {
+		t.Fatalf("claimed %d items, want 1", len(claimed))
+	}
+	beforeRun, beforeSteps := getRun(t, s, r.ID)
+
+	err = s.InRun(ctx, r.ID, at(time.Second), func(tx store.RunTx) error {
+		st := *tx.Step("a")
+		st.Status, st.Attempt, st.Body, st.CallbackToken = status.StepSuccess, 9, []byte("x"), "rolled-back"
+		if err := tx.UpdateStep(&st); err != nil {
+			return err
+		}
+		u := *tx.Run()
+		u.Status, u.Error = status.RunFailed, "nope"
+		if err := tx.UpdateRun(&u); err != nil {
+			return err
+		}
+		if err := tx.Append(store.NewEvent{Type: "lost-1"}, store.NewEvent{Type: "lost-2"}); err != nil {
+			return err
+		}
+		if err := tx.Enqueue(store.QueueItem{Kind: store.KindWake, Step: "a", DueAt: t0}); err != nil {
+			return err
+		}
+		if err := tx.Dequeue(claimed[0].ID, claimed[0].LeaseToken); err != nil {
+			return err
+		}
+		return fmt.Errorf("wrapped: %w", errRollback)
+	})
+	wantErr(t, err, errRollback, "InRun returns fn's error")
+
+	afterRun, afterSteps := getRun(t, s, r.ID)
+	diff(t, "run after rollback", beforeRun, afterRun)
+	diff(t, "steps after rollback", beforeSteps, afterSteps)
+	diff(t, "event seqs after rollback", []int64{1, 2}, seqs(events(t, s, r.ID)))
+	_, _, err = s.StepByToken(ctx, "rolled-back")
+	wantErr(t, err, store.ErrNotFound, "StepByToken(rolled-back token)")
+	// Neither the enqueue nor the dequeue happened: only the original item
+	// exists, still leased (claimable once the lease ends, not before).
+	if items := claimAll(t, s, at(30*time.Second)); len(items) != 0 {
+		t.Errorf("claimable inside the lease after rollback: %v", keysOf(items))
+	}
+	diff(t, "queue after rollback", keysFor(r.ID, initial...), keysOf(claimAll(t, s, at(time.Minute))))
+
+	// The sequence continues from the last committed event.
+	inRun(t, s, r.ID, at(2*time.Second), func(tx store.RunTx) error {
+		return tx.Append(store.NewEvent{Type: "kept"})
+	})
+	evs := events(t, s, r.ID)
+	diff(t, "event seqs after a later append", []int64{1, 2, 3}, seqs(evs))
+	if len(evs) == 3 && evs[2].Type != "kept" {
+		t.Errorf("event 3 is %q, want kept", evs[2].Type)
+	}
+}
+
+// testInRunSerialises runs read-modify-write increments of a step's Attempt
+// from several goroutines at once: InRun must hold the run's lock for the
+// whole transaction, so no increment is lost. Each increment also appends an
+// event, so the event sequence must be gapless and unique.
+func testInRunSerialises(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	r := mkSimpleRun(t, s, wf)
+	const workers, rounds = 8, 5
+	errs := make(chan error, workers*rounds)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			<-start
+			for i := range rounds {
+				errs <- s.InRun(ctx, r.ID, t0, func(tx store.RunTx) error {
+					st := *tx.Step("a")
+					st.Attempt++
+					if err := tx.UpdateStep(&st); err != nil {
+						return err
+					}
+					return tx.Append(store.NewEvent{Type: "inc", Data: map[string]int{"worker": w, "round": i, "attempt": st.Attempt}})
+				})
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("InRun: %v", err)
+		}
+	}
+	_, steps := getRun(t, s, r.ID)
+	if got := stepNamed(t, steps, "a").Attempt; got != workers*rounds {
+		t.Errorf("Attempt = %d after %d concurrent increments, want %d (lost updates)", got, workers*rounds, workers*rounds)
+	}
+	evs := events(t, s, r.ID)
+	diff(t, "event seqs", seqRange(1, workers*rounds), seqs(evs))
+	// The increments were applied one after another: event k saw attempt k.
+	for i, e := range evs {
+		var d struct{ Attempt int }
+		if err := json.Unmarshal(e.Data, &d); err != nil {
+			t.Fatalf("event %d data %s: %v", e.Seq, e.Data, err)
+		}
+		if d.Attempt != i+1 {
+			t.Errorf("event %d recorded attempt %d, want %d", e.Seq, d.Attempt, i+1)
+		}
+	}
+}

@@ -1,0 +1,378 @@
+package storetest
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/status"
+	"github.com/ferryhq/ferry/internal/store"
+)
+
+var queueTests = []test{
+	{"ClaimDueOnlyOrderedAtMostN", testClaimDue},
+	{"LeaseFencesUntilExpiry", testClaimLease},
+	{"EnqueueInRun", testEnqueueInRun},
+	{"NextDue", testNextDue},
+	{"ConcurrentClaimsExactlyOnce", testClaimConcurrent},
+	{"DropQueueOnlyThatRun", testDropQueue},
+	{"SweepTerminalRuns", testSweep},
+}
+
+func dueTimes(items []*store.QueueItem) []time.Time {
+	out := make([]time.Time, len(items))
+	for i, it := range items {
+		out[i] = it.DueAt
+	}
+	return out
+}
+
+func checkLease(t *testing.T, items []*store.QueueItem, until time.Time) {
+	t.Helper()
+	for _, it := range items {
+		if it.LeaseToken == "" || it.ID == 0 {
+			t.Errorf("claimed item %+v has no id or lease token", it)
+		}
+		if !it.LeaseUntil.Equal(until) {
+			t.Errorf("claimed item %d LeaseUntil = %v, want %v", it.ID, it.LeaseUntil, until)
+		}
+	}
+}
+
+func testClaimDue(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	// Inserted against due order, so neither ids nor the physical row order
+	// follow due times within a claim.
+	offsets := []time.Duration{30 * time.Second, 20 * time.Second, 0, -5 * time.Second, 10 * time.Second, 20*time.Second + time.Microsecond}
+	var queue []store.QueueItem
+	for i, d := range offsets {
+		queue = append(queue, store.QueueItem{Kind: store.KindHTTP, Step: fmt.Sprintf("s%d", i), Attempt: i, DueAt: at(d)})
+	}
+	r := mkSimpleRun(t, s, wf, queue...)
+	now := at(20 * time.Second)
+
+	none, err := s.Claim(ctx, at(-6*time.Second), time.Minute, 10)
+	must(t, err, "Claim before anything is due")
+	if len(none) != 0 {
+		t.Errorf("Claim before anything is due returned %v", keysOf(none))
+	}
+
+	first, err := s.Claim(ctx, now, time.Minute, 2)
+	must(t, err, "Claim n=2")
+	diff(t, "first claim due times (the two earliest, ordered)", []time.Time{at(-5 * time.Second), t0}, dueTimes(first))
+	checkLease(t, first, now.Add(time.Minute))
+	for _, it := range first {
+		want := queue[0]
+		for _, q := range queue {
+			if q.DueAt.Equal(it.DueAt) {
+				want = q
+			}
+		}
+		if it.RunID != r.ID || it.Kind != want.Kind || it.Step != want.Step || it.Attempt != want.Attempt {
+			t.Errorf("claimed %+v, want run %s step %s attempt %d", it, r.ID, want.Step, want.Attempt)
+		}
+	}
+	if len(first) == 2 && first[0].LeaseToken != first[1].LeaseToken {
+		t.Errorf("one claim handed out two lease tokens: %q, %q", first[0].LeaseToken, first[1].LeaseToken)
+	}
+
+	second, err := s.Claim(ctx, now, time.Minute, 10)
+	must(t, err, "Claim n=10")
+	// Due at or before now (due_at <= now), not yet claimed; 20s+1µs is not due.
+	diff(t, "second claim due times (the rest that are due, ordered)", []time.Time{at(10 * time.Second), at(20 * time.Second)}, dueTimes(second))
+	checkLease(t, second, now.Add(time.Minute))
+	if len(first) > 0 && len(second) > 0 && first[0].LeaseToken == second[0].LeaseToken {
+		t.Error("two claims handed out the same lease token")
+	}
+
+	third, err := s.Claim(ctx, now, time.Minute, 10)
+	must(t, err, "Claim again")
+	if len(third) != 0 {
+		t.Errorf("claim with everything due already leased returned %v", keysOf(third))
+	}
+	// One microsecond later the next item is due.
+	fourth, err := s.Claim(ctx, now.Add(time.Microsecond), time.Minute, 10)
+	must(t, err, "Claim 1µs later")
+	diff(t, "claim 1µs later", []time.Time{at(20*time.Second + time.Microsecond)}, dueTimes(fourth))
+
+	// n larger than what is due is fine.
+	rest, err := s.Claim(ctx, at(30*time.Second), time.Minute, 5)
+	must(t, err, "Claim at 30s")
+	diff(t, "claim at 30s", []time.Time{at(30 * time.Second)}, dueTimes(rest))
+	// Once every lease has expired all six are claimable; n=1 takes the
+	// earliest due.
+	one, err := s.Claim(ctx, far, time.Minute, 1)
+	must(t, err, "Claim n=1")
+	diff(t, "claim n=1 after the leases expired", []time.Time{at(-5 * time.Second)}, dueTimes(one))
+}
+
+func testClaimLease(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	r := mkSimpleRun(t, s, wf, store.QueueItem{Kind: store.KindHTTP, Step: "a", Attempt: 1, DueAt: t0})
+	lease := 30 * time.Second
+
+	c1, err := s.Claim(ctx, t0, lease, 10)
+	must(t, err, "Claim")
+	if len(c1) != 1 {
+		t.Fatalf("claimed %d items, want 1", len(c1))
+	}
+	old := c1[0]
+	checkLease(t, c1, t0.Add(lease))
+
+	// Not claimable while leased, up to the last microsecond of the lease.
+	for _, now := range []time.Time{t0, at(lease / 2), at(lease - time.Microsecond)} {
+		got, err := s.Claim(ctx, now, lease, 10)
+		must(t, err, "Claim while leased")
+		if len(got) != 0 {
+			t.Errorf("Claim at %v (lease until %v) returned the leased item", now, old.LeaseUntil)
+		}
+	}
+
+	// Claimable again once the lease ends, with a new token.
+	expiry := at(lease)
+	c2, err := s.Claim(ctx, expiry, lease, 10)
+	must(t, err, "Claim after expiry")
+	if len(c2) != 1 {
+		t.Fatalf("Claim after the lease expired returned %d items, want 1", len(c2))
+	}
+	cur := c2[0]
+	if cur.ID != old.ID {
+		t.Errorf("reclaimed item id %d, want %d", cur.ID, old.ID)
+	}
+	if cur.LeaseToken == old.LeaseToken {
+		t.Errorf("reclaimed with the same lease token %q", cur.LeaseToken)
+	}
+	checkLease(t, c2, expiry.Add(lease))
+
+	// The stale worker is fenced out.
+	err = s.InRun(ctx, r.ID, expiry, func(tx store.RunTx) error {
+		return tx.Dequeue(old.ID, old.LeaseToken)
+	})
+	wantErr(t, err, store.ErrLeaseLost, "Dequeue with the expired lease token")
+	err = s.InRun(ctx, r.ID, expiry, func(tx store.RunTx) error {
+		return tx.Dequeue(old.ID, "")
+	})
+	wantErr(t, err, store.ErrLeaseLost, "Dequeue with an empty token")
+	// The failed dequeue left the item (still leased to the new holder).
+	next, ok, err := s.NextDue(ctx)
+	must(t, err, "NextDue")
+	if !ok || !next.Equal(cur.LeaseUntil) {
+		t.Errorf("NextDue = %v, %v; want the current lease end %v", next, ok, cur.LeaseUntil)
+	}
+
+	// The current holder dequeues; the item is gone.
+	inRun(t, s, r.ID, expiry, func(tx store.RunTx) error {
+		return tx.Dequeue(cur.ID, cur.LeaseToken)
+	})
+	if got := claimAll(t, s, far); len(got) != 0 {
+		t.Errorf("item still claimable after Dequeue: %v", keysOf(got))
+	}
+	if _, ok, err := s.NextDue(ctx); err != nil || ok {
+		t.Errorf("NextDue after Dequeue = ok %v, err %v; want an empty queue", ok, err)
+	}
+	err = s.InRun(ctx, r.ID, expiry, func(tx store.RunTx) error {
+		return tx.Dequeue(cur.ID, cur.LeaseToken)
+	})
+	wantErr(t, err, store.ErrLeaseLost, "Dequeue twice")
+	err = s.InRun(ctx, r.ID, expiry, func(tx store.RunTx) error {
+		return tx.Dequeue(cur.ID+1000, cur.LeaseToken)
+	})
+	wantErr(t, err, store.ErrLeaseLost, "Dequeue of an unknown id")
+}
+
+func testEnqueueInRun(t *testing.T, s store.Store) {
+	wf := mkWorkflow(t, s, "wf")
+	r := mkSimpleRun(t, s, wf)
+	added := []store.QueueItem{
+		{Kind: store.KindWake, Step: "b", DueAt: at(time.Minute)},
+		{Kind: store.KindHTTP, Step: "a", Attempt: 2, DueAt: at(2 * time.Minute)},
+	}
+	inRun(t, s, r.ID, t0, func(tx store.RunTx) error {
+		// RunID is filled in by the transaction.
+		return tx.Enqueue(added...)
+	})
+	next, ok, err := s.NextDue(t.Context())
+	must(t, err, "NextDue")
+	if !ok || !next.Equal(at(time.Minute)) {
+		t.Errorf("NextDue = %v, %v; want %v", next, ok, at(time.Minute))
+	}
+	diff(t, "enqueued items", keysFor(r.ID, added...), keysOf(claimAll(t, s, far)))
+}
+
+func testNextDue(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	if _, ok, err := s.NextDue(ctx); err != nil || ok {
+		t.Fatalf("NextDue on an empty queue = ok %v, err %v; want ok=false", ok, err)
+	}
+	wf := mkWorkflow(t, s, "wf")
+	mkSimpleRun(t, s, wf,
+		store.QueueItem{Kind: store.KindHTTP, Step: "a", DueAt: at(10 * time.Second)},
+		store.QueueItem{Kind: store.KindWake, Step: "b", DueAt: at(5*time.Second + time.Microsecond)},
+	)
+	check := func(what string, want time.Time) {
+		t.Helper()
+		got, ok, err := s.NextDue(ctx)
+		must(t, err, "NextDue")
+		if !ok || !got.Equal(want) {
+			t.Errorf("NextDue %s = %v, ok=%v; want %v", what, got, ok, want)
+		}
+	}
+	check("with two unleased items", at(5*time.Second+time.Microsecond))
+
+	// Leasing the earliest item: the other is now the earliest.
+	c, err := s.Claim(ctx, at(6*time.Second), time.Minute, 10)
+	must(t, err, "Claim")
+	if len(c) != 1 {
+		t.Fatalf("claimed %d, want 1", len(c))
+	}
+	check("with the earliest leased", at(10*time.Second))
+
+	// Leasing both: the earliest lease end.
+	c, err = s.Claim(ctx, at(10*time.Second), time.Minute, 10)
+	must(t, err, "Claim")
+	if len(c) != 1 {
+		t.Fatalf("claimed %d, want 1", len(c))
+	}
+	check("with everything leased", at(66*time.Second))
+}
+
+// testClaimConcurrent has 4 dispatchers claim 200 due items in batches of
+// 10 at once: each item must be claimed exactly once.
+func testClaimConcurrent(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	const total, workers, batch = 200, 4, 10
+	var queue []store.QueueItem
+	for i := range total {
+		queue = append(queue, store.QueueItem{Kind: store.KindHTTP, Step: fmt.Sprintf("s%03d", i), DueAt: at(time.Duration(i%17) * time.Millisecond)})
+	}
+	mkSimpleRun(t, s, wf, queue...)
+	now := at(time.Second)
+
+	claimed := make([][]*store.QueueItem, workers)
+	errs := make([]error, workers)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			<-start
+			for range total { // bounded; stops at the first empty claim
+				items, err := s.Claim(ctx, now, time.Hour, batch)
+				if err != nil {
+					errs[w] = err
+					return
+				}
+				if len(items) > batch {
+					errs[w] = fmt.Errorf("claim returned %d items, n was %d", len(items), batch)
+					return
+				}
+				if len(items) == 0 {
+					return
+				}
+				claimed[w] = append(claimed[w], items...)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	for w, err := range errs {
+		if err != nil {
+			t.Fatalf("worker %d: %v", w, err)
+		}
+	}
+
+	seen := map[int64]int{}
+	steps := map[string]bool{}
+	var perWorker []int
+	for _, items := range claimed {
+		perWorker = append(perWorker, len(items))
+		for _, it := range items {
+			seen[it.ID]++
+			steps[it.Step] = true
+		}
+	}
+	var dups []int64
+	for id, n := range seen {
+		if n > 1 {
+			dups = append(dups, id)
+		}
+	}
+	sort.Slice(dups, func(i, j int) bool { return dups[i] < dups[j] })
+	if len(dups) > 0 {
+		t.Errorf("items claimed more than once: %v", dups)
+	}
+	if len(seen) != total || len(steps) != total {
+		t.Errorf("claimed %d distinct items (%d distinct steps), want %d; per worker %v", len(seen), len(steps), total, perWorker)
+	}
+	if left := claimAll(t, s, now); len(left) != 0 {
+		t.Errorf("%d items were left unclaimed", len(left))
+	}
+}
+
+func testDropQueue(t *testing.T, s store.Store) {
+	wf := mkWorkflow(t, s, "wf")
+	r1 := mkSimpleRun(t, s, wf,
+		store.QueueItem{Kind: store.KindHTTP, Step: "a", DueAt: t0},
+		store.QueueItem{Kind: store.KindRunExpire, DueAt: at(time.Hour)},
+	)
+	keep := []store.QueueItem{
+		{Kind: store.KindHTTP, Step: "a", DueAt: t0},
+		{Kind: store.KindWake, Step: "b", DueAt: at(time.Minute)},
+	}
+	r2 := mkSimpleRun(t, s, wf, keep...)
+	// A leased item of r1 is dropped too.
+	if _, err := s.Claim(t.Context(), t0, time.Minute, 1); err != nil {
+		t.Fatal(err)
+	}
+	inRun(t, s, r1.ID, t0, func(tx store.RunTx) error { return tx.DropQueue() })
+	diff(t, "queue after DropQueue(r1)", keysFor(r2.ID, keep...), keysOf(claimAll(t, s, far)))
+}
+
+func testSweep(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	n, err := s.Sweep(ctx)
+	must(t, err, "Sweep on an empty queue")
+	if n != 0 {
+		t.Errorf("Sweep on an empty queue = %d, want 0", n)
+	}
+	byStatus := map[string]*store.Run{}
+	statuses := []string{status.RunRunning, status.RunPaused, status.RunCompleted, status.RunFailed, status.RunCancelled, status.RunTimeout}
+	for _, st := range statuses {
+		rr := baseRun(wf, "")
+		rr.Status = st
+		byStatus[st] = mkRun(t, s, &store.NewRun{Run: rr, Queue: []store.QueueItem{
+			{Kind: store.KindHTTP, Step: "a", DueAt: t0},
+			{Kind: store.KindRunExpire, DueAt: at(time.Hour)},
+		}})
+	}
+	// A run that finishes through UpdateRun is swept too.
+	late := mkSimpleRun(t, s, wf, store.QueueItem{Kind: store.KindWake, Step: "b", DueAt: t0})
+	inRun(t, s, late.ID, t0, func(tx store.RunTx) error {
+		u := *tx.Run()
+		u.Status, u.FinishedAt = status.RunCompleted, ptr(t0)
+		return tx.UpdateRun(&u)
+	})
+
+	n, err = s.Sweep(ctx)
+	must(t, err, "Sweep")
+	if n != 9 {
+		t.Errorf("Sweep removed %d items, want 9 (2 each of 4 terminal runs + 1)", n)
+	}
+	remaining := map[string]int{}
+	for _, it := range claimAll(t, s, far) {
+		remaining[it.RunID]++
+	}
+	want := map[string]int{byStatus[status.RunRunning].ID: 2, byStatus[status.RunPaused].ID: 2}
+	diff(t, "items left per run (running and paused only)", want, remaining)
+
+	n, err = s.Sweep(ctx)
+	must(t, err, "Sweep again")
+	if n != 0 {
+		t.Errorf("second Sweep removed %d items, want 0", n)
+	}
+}

@@ -1,0 +1,360 @@
+package storetest
+
+import (
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/status"
+	"github.com/ferryhq/ferry/internal/store"
+)
+
+var runTests = []test{
+	{"CreateWritesRunStepsQueueEvents", testCreateRun},
+	{"IdempotencyKeyReturnsFirstRun", testCreateRunIdempotent},
+	{"IdempotencyKeyConcurrent", testCreateRunIdempotentConcurrent},
+	{"ListNewestFirstByCursor", testListRuns},
+	{"GetUnknownIsNotFound", testGetRunUnknown},
+	{"ListEventsAfterSeqAndLimit", testListEventsPaging},
+	{"StepByToken", testStepByToken},
+	{"CallbackTokenUnique", testCallbackTokenUnique},
+}
+
+func testCreateRun(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	now := at(2 * time.Second)
+	in := baseRun(wf, "")
+	// Steps out of position order: the store orders them.
+	steps := []*store.StepRun{
+		{Name: "notify", Position: 2, Type: "http", Status: status.StepPending},
+		{Name: "fetch", Position: 0, Type: "http", Status: status.StepRunning, Attempt: 1, StartedAt: ptr(t0)},
+		{Name: "wait", Position: 1, Type: "webhook", Status: status.StepWaiting, CallbackToken: "cb-create", WakeAt: ptr(at(time.Minute))},
+	}
+	queue := []store.QueueItem{
+		{Kind: store.KindHTTP, Step: "fetch", Attempt: 1, DueAt: t0},
+		{Kind: store.KindWaitTimeout, Step: "wait", DueAt: at(time.Minute)},
+		{Kind: store.KindRunExpire, DueAt: at(time.Hour)},
+	}
+	evs := []store.NewEvent{
+		{Type: "run_started", Data: map[string]any{"input": 42}},
+		{Type: "step_started", Step: "fetch"},
+		{Type: "step_waiting", Step: "wait", Data: []string{"x"}},
+	}
+	r, created, err := s.CreateRun(ctx, &store.NewRun{Run: in, Steps: steps, Queue: queue, Events: evs}, now)
+	must(t, err, "CreateRun")
+	if !created {
+		t.Fatal("created = false for a new run")
+	}
+	if r.ID == "" {
+		t.Fatal("run has no id")
+	}
+	want := in
+	want.ID = r.ID
+	want.WorkflowName = "wf"
+	want.UpdatedAt = now
+	diff(t, "created run", &want, r)
+
+	got, gotSteps := getRun(t, s, r.ID)
+	diff(t, "GetRun run", r, got)
+	wantSteps := []*store.StepRun{
+		{RunID: r.ID, Name: "fetch", Position: 0, Type: "http", Status: status.StepRunning, Attempt: 1, StartedAt: ptr(t0)},
+		{RunID: r.ID, Name: "wait", Position: 1, Type: "webhook", Status: status.StepWaiting, CallbackToken: "cb-create", WakeAt: ptr(at(time.Minute))},
+		{RunID: r.ID, Name: "notify", Position: 2, Type: "http", Status: status.StepPending},
+	}
+	diff(t, "GetRun steps (ordered by position)", wantSteps, gotSteps)
+
+	wantEvents := []*store.Event{
+		{RunID: r.ID, Seq: 1, Type: "run_started", Data: json.RawMessage(`{"input":42}`), At: now},
+		{RunID: r.ID, Seq: 2, Type: "step_started", Step: "fetch", At: now},
+		{RunID: r.ID, Seq: 3, Type: "step_waiting", Step: "wait", Data: json.RawMessage(`["x"]`), At: now},
+	}
+	diff(t, "events", wantEvents, events(t, s, r.ID))
+
+	items := claimAll(t, s, far)
+	diff(t, "queue items", keysFor(r.ID, queue...), keysOf(items))
+
+	// The run is listed under its workflow.
+	runs, _, err := s.ListRuns(ctx, wf.ID, store.Page{})
+	must(t, err, "ListRuns")
+	if len(runs) != 1 || runs[0].ID != r.ID {
+		t.Errorf("ListRuns = %v, want [%s]", runIDs(runs), r.ID)
+	}
+}
+
+func testCreateRunIdempotent(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	other := mkWorkflow(t, s, "other")
+	nr := func(wf *store.Workflow, input string) *store.NewRun {
+		r := baseRun(wf, "key-1")
+		r.Input = json.RawMessage(input)
+		return &store.NewRun{
+			Run:    r,
+			Steps:  []*store.StepRun{{Name: "a", Position: 0, Type: "http", Status: status.StepPending}},
+			Queue:  []store.QueueItem{{Kind: store.KindHTTP, Step: "a", DueAt: t0}},
+			Events: []store.NewEvent{{Type: "run_started"}, {Type: "step_started", Step: "a"}},
+		}
+	}
+	first, created, err := s.CreateRun(ctx, nr(wf, `{"n":1}`), t0)
+	must(t, err, "CreateRun first")
+	if !created {
+		t.Fatal("first CreateRun: created = false")
+	}
+	if first.IdempotencyKey != "key-1" {
+		t.Errorf("IdempotencyKey = %q, want key-1", first.IdempotencyKey)
+	}
+
+	again, created, err := s.CreateRun(ctx, nr(wf, `{"n":2}`), at(time.Second))
+	must(t, err, "CreateRun again")
+	if created {
+		t.Error("second CreateRun with the same key: created = true")
+	}
+	diff(t, "run returned for a reused key", first, again)
+
+	// Nothing new was written.
+	runs, _, err := s.ListRuns(ctx, wf.ID, store.Page{})
+	must(t, err, "ListRuns")
+	if len(runs) != 1 {
+		t.Errorf("workflow has %d runs, want 1", len(runs))
+	}
+	if evs := events(t, s, first.ID); len(evs) != 2 {
+		t.Errorf("run has %d events after the duplicate, want 2", len(evs))
+	}
+	items := claimAll(t, s, far)
+	diff(t, "queue after duplicate", keysFor(first.ID, store.QueueItem{Kind: store.KindHTTP, Step: "a", DueAt: t0}), keysOf(items))
+
+	// Another workflow may use the same key.
+	third, created, err := s.CreateRun(ctx, nr(other, `{"n":3}`), t0)
+	must(t, err, "CreateRun other workflow")
+	if !created || third.ID == first.ID {
+		t.Errorf("same key on another workflow: created=%v id=%s (first %s), want a new run", created, third.ID, first.ID)
+	}
+	if third.WorkflowID != other.ID {
+		t.Errorf("WorkflowID = %s, want %s", third.WorkflowID, other.ID)
+	}
+}
+
+// testCreateRunIdempotentConcurrent races several triggers with one key:
+// exactly one run is created and every caller gets it.
+func testCreateRunIdempotentConcurrent(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	const n = 8
+	type result struct {
+		id      string
+		created bool
+		err     error
+	}
+	results := make([]result, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			r, created, err := s.CreateRun(ctx, &store.NewRun{
+				Run:    baseRun(wf, "race"),
+				Queue:  []store.QueueItem{{Kind: store.KindHTTP, Step: "a", DueAt: t0}},
+				Events: []store.NewEvent{{Type: "run_started"}},
+			}, t0)
+			results[i] = result{err: err, created: created}
+			if r != nil {
+				results[i].id = r.ID
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	var winners int
+	ids := map[string]bool{}
+	for i, r := range results {
+		if r.err != nil {
+			t.Fatalf("CreateRun %d: %v", i, r.err)
+		}
+		if r.created {
+			winners++
+		}
+		ids[r.id] = true
+	}
+	if winners != 1 || len(ids) != 1 {
+		t.Fatalf("%d callers created a run and they saw %d distinct ids, want 1 and 1", winners, len(ids))
+	}
+	var id string
+	for k := range ids {
+		id = k
+	}
+	if evs := events(t, s, id); len(evs) != 1 {
+		t.Errorf("run has %d events, want 1", len(evs))
+	}
+	if items := claimAll(t, s, far); len(items) != 1 {
+		t.Errorf("queue has %d items, want 1", len(items))
+	}
+}
+
+func runIDs(rs []*store.Run) []string {
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = r.ID
+	}
+	return out
+}
+
+func testListRuns(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	other := mkWorkflow(t, s, "other")
+	var created []string
+	for i := range 5 {
+		r := mkRun(t, s, &store.NewRun{Run: baseRun(wf, fmt.Sprintf("k%d", i))})
+		created = append(created, r.ID)
+		mkRun(t, s, &store.NewRun{Run: baseRun(other, fmt.Sprintf("k%d", i))})
+	}
+	var want []string
+	for i := len(created) - 1; i >= 0; i-- {
+		want = append(want, created[i])
+	}
+
+	var got []string
+	var sizes []int
+	cursor := ""
+	for page := 0; ; page++ {
+		if page > len(created) {
+			t.Fatalf("ListRuns did not terminate after %d pages", page)
+		}
+		rs, next, err := s.ListRuns(ctx, wf.ID, store.Page{Cursor: cursor, Limit: 2})
+		must(t, err, "ListRuns")
+		sizes = append(sizes, len(rs))
+		for _, r := range rs {
+			if r.WorkflowID != wf.ID || r.WorkflowName != "wf" {
+				t.Errorf("ListRuns(wf) returned run %s of workflow %s (%s)", r.ID, r.WorkflowID, r.WorkflowName)
+			}
+			got = append(got, r.ID)
+		}
+		if next == "" {
+			break
+		}
+		cursor = next
+	}
+	diff(t, "page sizes", []int{2, 2, 1}, sizes)
+	diff(t, "run ids, newest first", want, got)
+
+	none, next, err := s.ListRuns(ctx, "no-such-workflow", store.Page{})
+	must(t, err, "ListRuns(unknown workflow)")
+	if len(none) != 0 || next != "" {
+		t.Errorf("ListRuns(unknown workflow) = %v %q, want nothing", runIDs(none), next)
+	}
+}
+
+func testGetRunUnknown(t *testing.T, s store.Store) {
+	_, _, err := s.GetRun(t.Context(), "no-such-run")
+	wantErr(t, err, store.ErrNotFound, "GetRun(unknown)")
+	err = s.InRun(t.Context(), "no-such-run", t0, func(store.RunTx) error {
+		t.Error("InRun called fn for an unknown run")
+		return nil
+	})
+	wantErr(t, err, store.ErrNotFound, "InRun(unknown)")
+}
+
+func testListEventsPaging(t *testing.T, s store.Store) {
+	wf := mkWorkflow(t, s, "wf")
+	var evs []store.NewEvent
+	for i := range 5 {
+		evs = append(evs, store.NewEvent{Type: fmt.Sprintf("e%d", i+1)})
+	}
+	r := mkRun(t, s, &store.NewRun{Run: baseRun(wf, ""), Events: evs})
+	got, err := s.ListEvents(t.Context(), r.ID, 2, 2)
+	must(t, err, "ListEvents(after 2, limit 2)")
+	diff(t, "seqs after 2 limit 2", []int64{3, 4}, seqs(got))
+	if len(got) == 2 && (got[0].Type != "e3" || got[1].Type != "e4") {
+		t.Errorf("types = %s, %s, want e3, e4", got[0].Type, got[1].Type)
+	}
+	got, err = s.ListEvents(t.Context(), r.ID, 5, 0)
+	must(t, err, "ListEvents(after last)")
+	if len(got) != 0 {
+		t.Errorf("ListEvents after the last seq = %v, want none", seqs(got))
+	}
+	got, err = s.ListEvents(t.Context(), "no-such-run", 0, 0)
+	must(t, err, "ListEvents(unknown run)")
+	if len(got) != 0 {
+		t.Errorf("ListEvents(unknown run) = %v, want none", seqs(got))
+	}
+}
+
+func testStepByToken(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	r := mkRun(t, s, &store.NewRun{Run: baseRun(wf, ""), Steps: []*store.StepRun{
+		{Name: "a", Position: 0, Type: "http", Status: status.StepPending},
+		{Name: "hook", Position: 1, Type: "webhook", Status: status.StepWaiting, CallbackToken: "tok-1"},
+	}})
+	runID, step, err := s.StepByToken(ctx, "tok-1")
+	must(t, err, "StepByToken")
+	if runID != r.ID || step != "hook" {
+		t.Errorf("StepByToken = (%s, %s), want (%s, hook)", runID, step, r.ID)
+	}
+	_, _, err = s.StepByToken(ctx, "no-such-token")
+	wantErr(t, err, store.ErrNotFound, "StepByToken(unknown)")
+	_, _, err = s.StepByToken(ctx, "")
+	wantErr(t, err, store.ErrNotFound, "StepByToken(empty)")
+
+	// A token set later by UpdateStep is found too.
+	inRun(t, s, r.ID, t0, func(tx store.RunTx) error {
+		a := *tx.Step("a")
+		a.CallbackToken = "tok-2"
+		return tx.UpdateStep(&a)
+	})
+	runID, step, err = s.StepByToken(ctx, "tok-2")
+	must(t, err, "StepByToken after UpdateStep")
+	if runID != r.ID || step != "a" {
+		t.Errorf("StepByToken(tok-2) = (%s, %s), want (%s, a)", runID, step, r.ID)
+	}
+}
+
+func testCallbackTokenUnique(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	first := mkRun(t, s, &store.NewRun{Run: baseRun(wf, ""), Steps: []*store.StepRun{
+		{Name: "hook", Position: 0, Type: "webhook", Status: status.StepWaiting, CallbackToken: "shared"},
+		{Name: "other", Position: 1, Type: "webhook", Status: status.StepWaiting, CallbackToken: "mine"},
+	}})
+
+	// A second run cannot take the token; it is not created at all.
+	_, _, err := s.CreateRun(ctx, &store.NewRun{
+		Run:    baseRun(wf, ""),
+		Steps:  []*store.StepRun{{Name: "hook", Position: 0, Type: "webhook", Status: status.StepWaiting, CallbackToken: "shared"}},
+		Queue:  []store.QueueItem{{Kind: store.KindWaitTimeout, Step: "hook", DueAt: t0}},
+		Events: []store.NewEvent{{Type: "run_started"}},
+	}, t0)
+	if err == nil {
+		t.Fatal("CreateRun with a step token another step owns succeeded")
+	}
+	runs, _, err := s.ListRuns(ctx, wf.ID, store.Page{})
+	must(t, err, "ListRuns")
+	if len(runs) != 1 {
+		t.Errorf("workflow has %d runs after the failed create, want 1", len(runs))
+	}
+	if items := claimAll(t, s, far); len(items) != 0 {
+		t.Errorf("failed create left %d queue items", len(items))
+	}
+
+	// Nor can a step of the same run take it.
+	err = s.InRun(ctx, first.ID, t0, func(tx store.RunTx) error {
+		o := *tx.Step("other")
+		o.CallbackToken = "shared"
+		return tx.UpdateStep(&o)
+	})
+	if err == nil {
+		t.Fatal("UpdateStep to a token another step owns succeeded")
+	}
+	_, steps := getRun(t, s, first.ID)
+	if tok := stepNamed(t, steps, "other").CallbackToken; tok != "mine" {
+		t.Errorf("step other has token %q after the failed update, want mine", tok)
+	}
+	runID, step, err := s.StepByToken(ctx, "shared")
+	must(t, err, "StepByToken")
+	if runID != first.ID || step != "hook" {
+		t.Errorf("StepByToken(shared) = (%s, %s), want (%s, hook)", runID, step, first.ID)
+	}
+}

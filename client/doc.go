@@ -1,5 +1,6 @@
-// Package client is a Go client for Ferry's REST API; it imports only the
-// standard library.
+// Package client is a Go client for Ferry's REST API. Besides the standard
+// library it imports only internal/status, so its status names cannot drift
+// from the server's.
 //
 // A Client talks to one server with one API key:
 //

@@ -5,40 +5,36 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/ferryhq/ferry/internal/status"
 )
 
 // Run statuses.
 const (
-	RunRunning   = "running"
-	RunPaused    = "paused"
-	RunCompleted = "completed"
-	RunFailed    = "failed"
-	RunCancelled = "cancelled"
-	RunTimeout   = "timeout"
+	RunRunning   = status.RunRunning
+	RunPaused    = status.RunPaused
+	RunCompleted = status.RunCompleted
+	RunFailed    = status.RunFailed
+	RunCancelled = status.RunCancelled
+	RunTimeout   = status.RunTimeout
 )
 
 // Step statuses.
 const (
-	StepPending       = "pending"
-	StepRunning       = "running"
-	StepSleeping      = "sleeping"
-	StepWaiting       = "waiting"
-	StepSuccess       = "success"
-	StepFailed        = "failed"
-	StepTimeout       = "timeout"
-	StepSkipped       = "skipped"
-	StepTemplateError = "template_error"
-	StepCancelled     = "cancelled"
+	StepPending       = status.StepPending
+	StepRunning       = status.StepRunning
+	StepSleeping      = status.StepSleeping
+	StepWaiting       = status.StepWaiting
+	StepSuccess       = status.StepSuccess
+	StepFailed        = status.StepFailed
+	StepTimeout       = status.StepTimeout
+	StepSkipped       = status.StepSkipped
+	StepTemplateError = status.StepTemplateError
+	StepCancelled     = status.StepCancelled
 )
 
 // RunTerminal reports whether a run in status s can change no more.
-func RunTerminal(s string) bool {
-	switch s {
-	case RunCompleted, RunFailed, RunCancelled, RunTimeout:
-		return true
-	}
-	return false
-}
+func RunTerminal(s string) bool { return status.RunTerminal(s) }
 
 // Workflow is a stored workflow. Tasks, the steps exactly as submitted, is
 // only present when the workflow is fetched on its own (GetWorkflow,

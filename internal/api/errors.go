@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strings"
 
 	"github.com/ferryhq/ferry/internal/runtime"
 	"github.com/ferryhq/ferry/internal/spec"
@@ -63,9 +64,9 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.As(err, &ve):
 		writeError(w, http.StatusUnprocessableEntity, CodeInvalidWorkflow, "the workflow definition is invalid", ve.Errors...)
 	case errors.Is(err, store.ErrNotFound):
-		writeError(w, http.StatusNotFound, CodeNotFound, err.Error())
+		writeError(w, http.StatusNotFound, CodeNotFound, strings.TrimSuffix(err.Error(), ": "+store.ErrNotFound.Error()))
 	case errors.Is(err, store.ErrConflict):
-		writeError(w, http.StatusConflict, CodeAlreadyExists, err.Error())
+		writeError(w, http.StatusConflict, CodeAlreadyExists, strings.TrimSuffix(err.Error(), ": "+store.ErrConflict.Error()))
 	case errors.Is(err, runtime.ErrAlreadyDelivered):
 		writeError(w, http.StatusConflict, CodeAlreadyDelivered, err.Error())
 	case errors.Is(err, runtime.ErrStepFinished):

@@ -711,6 +711,12 @@ func TestOpenAPIMatchesServer(t *testing.T) {
 		t.Errorf("422: unexpected details %s", r.raw)
 	}
 	c.expect(c.call("POST /api/v1/workflows", "/api/v1/workflows", `{"name":`, nil), 400, "invalid_json")
+	huge := `{"name":"huge","description":"` + strings.Repeat("x", spec.DefaultLimits.MaxBytes) + `","tasks":{"s":{"sleep":1}}}`
+	r = c.call("POST /api/v1/workflows", "/api/v1/workflows", huge, nil)
+	c.expect(r, 422, "invalid_workflow")
+	if details := listOf(r.errorDetail()["details"]); len(details) != 1 || m(details[0])["code"] != "too_large" {
+		t.Errorf("oversized definition: %s", r.raw)
+	}
 
 	c.expect(c.call("GET /api/v1/workflows/{id}", "/api/v1/workflows/nope", "", nil), 404, "not_found")
 	for _, ref := range []string{"checkout", wfID} {
@@ -747,6 +753,8 @@ func TestOpenAPIMatchesServer(t *testing.T) {
 	}
 	c.expect(c.call("POST /api/v1/workflows/{id}/trigger", "/api/v1/workflows/checkout/trigger", `{bad`, nil), 400, "invalid_json")
 	c.expect(c.call("POST /api/v1/workflows/{id}/trigger", "/api/v1/workflows/nope/trigger", `{}`, nil), 404, "not_found")
+	tooBig := `"` + strings.Repeat("x", api.MaxTriggerBody) + `"`
+	c.expect(c.call("POST /api/v1/workflows/{id}/trigger", "/api/v1/workflows/checkout/trigger", tooBig, nil), 413, "too_large")
 
 	// Runs.
 	r = c.call("GET /api/v1/runs/{run_id}", "/api/v1/runs/"+runID, "", nil)
@@ -825,7 +833,8 @@ func TestOpenAPIMatchesServer(t *testing.T) {
 	c.expect(c.call("GET /api/v1/runs/{run_id}", "/api/v1/runs/"+runID, "", nil), 200, "")
 }
 
-// An early callback, before its step starts, is kept and satisfies it.
+// An early callback, before its step starts, is kept and satisfies it; a
+// token takes one callback, and none once its step has ended.
 func TestOpenAPIEarlyCallback(t *testing.T) {
 	c, anon := newServer(t)
 	def := `{"name":"early","tasks":{"first":{"wait_for_webhook":true},"second":{"needs":["first"],"wait_for_webhook":{}}}}`
@@ -851,6 +860,14 @@ func TestOpenAPIEarlyCallback(t *testing.T) {
 		t.Errorf("an empty callback body should be stored as null: %s", r.raw)
 	}
 	c.expect(anon.call("POST /wh/{token}", second, "{}", nil), 409, "already_delivered")
+
+	// A callback for a step that ended without one is refused.
+	r = c.call("POST /api/v1/workflows/{id}/trigger", "/api/v1/workflows/early/trigger", "", nil)
+	c.expect(r, 201, "")
+	runID = r.data()["run_id"].(string)
+	first = path("first")
+	c.expect(c.call("POST /api/v1/runs/{run_id}/cancel", "/api/v1/runs/"+runID+"/cancel", "", nil), 200, "")
+	c.expect(anon.call("POST /wh/{token}", first, "{}", nil), 409, "step_finished")
 }
 
 // mapKeysInOrder returns the keys of data.tasks as they appear in raw.

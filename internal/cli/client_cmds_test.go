@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,49 +14,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/internal/cli"
+	"github.com/ferryhq/ferry/internal/ferrytest"
 )
 
-const testKey = "fry_cli_test_key"
+const testKey = ferrytest.Key
 
-// startServer runs a real engine on an SQLite file behind an httptest server
-// and returns its URL.
+// startServer runs a real engine and returns its URL.
 func startServer(t *testing.T) string {
 	t.Helper()
-	srv := httptest.NewUnstartedServer(nil)
-	publicURL := "http://" + srv.Listener.Addr().String()
-	ctx, cancel := context.WithCancel(context.Background())
-	eng, err := ferry.Open(ctx, ferry.Config{
-		Database:    "sqlite:" + filepath.Join(t.TempDir(), "ferry.db"),
-		Migrate:     true,
-		EgressAllow: "127.0.0.0/8",
-		PublicURL:   publicURL,
-		Logger:      slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		cancel()
-		srv.Listener.Close()
-		t.Fatal(err)
-	}
-	srv.Config.Handler = eng.Handler()
-	srv.Start()
-	done := make(chan error, 1)
-	go func() { done <- eng.Run(ctx) }()
-	t.Cleanup(func() {
-		srv.Close()
-		cancel()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("engine run: %v", err)
-		}
-		if err := eng.Close(); err != nil {
-			t.Errorf("engine close: %v", err)
-		}
-	})
-	if _, err := eng.EnsureAPIKey(ctx, testKey); err != nil {
-		t.Fatal(err)
-	}
-	return srv.URL
+	return ferrytest.Start(t).URL
 }
 
 type result struct {

@@ -23,6 +23,7 @@ func serverCmd() *cobra.Command {
 		migrate                             bool
 		lease, tick                         time.Duration
 		logLevel                            string
+		maxDefBytes, maxSteps               int
 	)
 	cmd := &cobra.Command{
 		Use:   "server",
@@ -45,6 +46,7 @@ it once; only its hash is stored.`,
 			eng, err := ferry.Open(ctx, ferry.Config{
 				Database: database, PublicURL: publicURL, EgressAllow: egress,
 				Migrate: migrate, Lease: lease, SafetyTick: tick, Logger: log,
+				MaxDefinitionBytes: maxDefBytes, MaxSteps: maxSteps,
 			})
 			if err != nil {
 				return err
@@ -89,6 +91,8 @@ it once; only its hash is stored.`,
 	f.BoolVar(&migrate, "migrate", true, "apply pending database migrations at start")
 	f.DurationVar(&lease, "lease", 30*time.Second, "how long claimed work is held before another node may take it over")
 	f.DurationVar(&tick, "safety-tick", 5*time.Second, "longest dispatcher sleep without a wake-up")
+	f.IntVar(&maxDefBytes, "max-definition-bytes", 256<<10, "largest accepted workflow definition")
+	f.IntVar(&maxSteps, "max-steps", 100, "most steps in one workflow")
 	f.StringVar(&logLevel, "log-level", envOr("FERRY_LOG_LEVEL", "info"), "debug, info, warn or error (FERRY_LOG_LEVEL)")
 	return cmd
 }

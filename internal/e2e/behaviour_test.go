@@ -288,7 +288,7 @@ func TestValidationErrorsOverAPI(t *testing.T) {
 		if code, _ := e.call("POST", "/api/v1/workflows/dup/trigger", `{not json`); code != 400 {
 			t.Errorf("bad trigger JSON: %d", code)
 		}
-		req, _ := http.NewRequest("GET", e.api.URL+"/api/v1/workflows", nil)
+		req, _ := http.NewRequest("GET", e.url+"/api/v1/workflows", nil)
 		req.Header.Set("Authorization", "Bearer wrong")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {

@@ -2,11 +2,9 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -17,10 +15,11 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/internal/clock"
+	"github.com/ferryhq/ferry/internal/ferrytest"
 	"github.com/ferryhq/ferry/internal/store/postgres/pgtest"
 )
 
-const apiKey = "test-key"
+const apiKey = ferrytest.Key
 
 // backends runs fn once per storage backend.
 func backends(t *testing.T, fn func(t *testing.T, database string)) {
@@ -96,11 +95,11 @@ func jsonReply(code int, body string) http.HandlerFunc {
 	}
 }
 
-// env is one Ferry engine behind a real HTTP server.
+// env is one Ferry engine behind a real HTTP server, on a fake clock.
 type env struct {
 	t     *testing.T
 	eng   *ferry.Engine
-	api   *httptest.Server
+	url   string
 	clock *clock.Fake
 	up    *upstream
 }
@@ -112,42 +111,15 @@ func withEgress(allow string) envOpt { return func(c *ferry.Config) { c.EgressAl
 func newEnv(t *testing.T, database string, opts ...envOpt) *env {
 	t.Helper()
 	e := &env{t: t, clock: clock.NewFake(time.Date(2026, 2, 22, 10, 0, 0, 0, time.UTC)), up: newUpstream(t)}
-	// The API server must exist before the engine so callback URLs point at it.
-	var handler http.Handler = http.NotFoundHandler()
-	var hmu sync.RWMutex
-	e.api = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		hmu.RLock()
-		h := handler
-		hmu.RUnlock()
-		h.ServeHTTP(w, r)
-	}))
-	t.Cleanup(e.api.Close)
-	cfg := ferry.Config{
-		Database:    database,
-		Migrate:     true,
-		PublicURL:   e.api.URL,
-		EgressAllow: "127.0.0.0/8",
-		Clock:       e.clock,
-		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}
+	all := []func(*ferry.Config){func(c *ferry.Config) {
+		c.Database = database
+		c.Clock = e.clock
+	}}
 	for _, o := range opts {
-		o(&cfg)
+		all = append(all, o)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	eng, err := ferry.Open(ctx, cfg)
-	if err != nil {
-		t.Fatalf("open: %v", err)
-	}
-	if _, err := eng.EnsureAPIKey(ctx, apiKey); err != nil {
-		t.Fatal(err)
-	}
-	hmu.Lock()
-	handler = eng.Handler()
-	hmu.Unlock()
-	e.eng = eng
-	done := make(chan struct{})
-	go func() { defer close(done); _ = eng.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done; eng.Close() })
+	srv := ferrytest.Start(t, all...)
+	e.eng, e.url = srv.Engine, srv.URL
 	return e
 }
 
@@ -165,7 +137,7 @@ func (e *env) call(method, path string, body any, headers ...string) (int, map[s
 		j, _ := json.Marshal(b)
 		rd = bytes.NewReader(j)
 	}
-	req, _ := http.NewRequest(method, e.api.URL+path, rd)
+	req, _ := http.NewRequest(method, e.url+path, rd)
 	req.Header.Set("Authorization", "Bearer "+apiKey)
 	for i := 0; i+1 < len(headers); i += 2 {
 		req.Header.Set(headers[i], headers[i+1])

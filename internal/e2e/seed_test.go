@@ -238,7 +238,7 @@ func TestSeedCheckoutPaid(t *testing.T) {
 		}
 		body := decode(t, reqs[0].Body)
 		cb, _ := body["callback_url"].(string)
-		if !strings.HasPrefix(cb, e.api.URL+"/wh/") || body["amount"] != float64(2500) {
+		if !strings.HasPrefix(cb, e.url+"/wh/") || body["amount"] != float64(2500) {
 			t.Fatalf("create-checkout body = %v", body)
 		}
 		resp, err := http.Post(cb, "application/json", strings.NewReader(`{"status": "paid", "payment_id": "pay_77"}`))
@@ -266,7 +266,7 @@ func TestSeedCheckoutPaid(t *testing.T) {
 		if st := task(e.run(id), "payment-result")["body"].(map[string]any)["status"]; st != "paid" {
 			t.Errorf("stored payload changed to %v", st)
 		}
-		resp, err = http.Post(e.api.URL+"/wh/nope", "application/json", strings.NewReader(`{}`))
+		resp, err = http.Post(e.url+"/wh/nope", "application/json", strings.NewReader(`{}`))
 		if err != nil {
 			t.Fatal(err)
 		}

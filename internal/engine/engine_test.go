@@ -663,4 +663,46 @@ func TestNextDoesNotMutateInput(t *testing.T) {
 	}
 }
 
-var _ = spec.StepHTTP
+// An `if` on a step without needs reads the trigger.
+func TestConditionOnTrigger(t *testing.T) {
+	def := parse(t, `{"name":"trg","tasks":{
+		"vip":{"if":"trigger.body.tier == 'gold' && trigger.headers.x-source != null","url":"https://x.test/vip"},
+		"rest":{"if":"!(trigger.body.tier == 'gold')","sleep":"2s"}
+	}}`)
+	for trig, want := range map[string][2]engine.Action{
+		`{"tier": "gold"}`:   {engine.StartHTTP, engine.Skip},
+		`{"tier": "silver"}`: {engine.Skip, engine.StartSleep},
+		``:                   {engine.Skip, engine.StartSleep},
+	} {
+		ds := decideAll(t, engine.Run{Def: def, TriggerBody: []byte(trig), TriggerHeaders: map[string]string{"X-Source": "crm"}})
+		if ds["vip"].Action != want[0] || ds["rest"].Action != want[1] {
+			t.Errorf("trigger %s: vip %s rest %s, want %v", trig, ds["vip"].Action, ds["rest"].Action, want)
+		}
+		if d := ds["rest"]; d.Action == engine.StartSleep && d.Sleep != 2*time.Second {
+			t.Errorf("sleep %v", d.Sleep)
+		}
+	}
+}
+
+// Steps are decided in definition order, and the decisions of one call do
+// not depend on the order of the input map.
+func TestDecisionOrderIsDefinitionOrder(t *testing.T) {
+	def := parse(t, `{"name":"ord","tasks":{
+		"z":{"url":"https://x.test/z"},
+		"a":{"sleep":"1s"},
+		"m":{"wait_for_webhook":true},
+		"b":{"needs":["z"],"url":"https://x.test/b"}
+	}}`)
+	for range 20 {
+		var got []string
+		for _, d := range engine.Next(engine.Run{Def: def, Steps: map[string]engine.StepState{"x-unknown": {Status: status.StepSuccess}}}) {
+			got = append(got, d.Step)
+		}
+		if diff := cmp.Diff([]string{"z", "a", "m"}, got); diff != "" {
+			t.Fatalf("order (-want +got):\n%s", diff)
+		}
+	}
+	if def.Step("m").Type != spec.StepWebhook || def.Step("m").WaitTimeout != 0 {
+		t.Errorf("wait_for_webhook: true = %+v", def.Step("m"))
+	}
+}

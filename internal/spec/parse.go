@@ -115,7 +115,7 @@ func yamlWithin(v any, budget *int) bool {
 func Parse(doc []byte, lim Limits) (*Workflow, error) {
 	c := &collector{}
 	if lim.MaxBytes > 0 && len(doc) > lim.MaxBytes {
-		c.add("", CodeTooLarge, "definition is %d bytes; the limit is %d", len(doc), lim.MaxBytes)
+		c.add("", CodeTooLarge, "definition is larger than the %d-byte limit", lim.MaxBytes)
 		return nil, c.err()
 	}
 	js, err := ToJSON(doc)

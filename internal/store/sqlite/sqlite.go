@@ -22,7 +22,7 @@ func Open(path string) (*sqlstore.Store, error) {
 	if path == "" {
 		return nil, fmt.Errorf("sqlite: empty path")
 	}
-	pragmas := []string{"busy_timeout(10000)", "journal_mode(WAL)", "synchronous(NORMAL)", "foreign_keys(1)"}
+	pragmas := []string{"busy_timeout(10000)", "journal_mode(WAL)", "synchronous(FULL)", "foreign_keys(1)"}
 	q := url.Values{}
 	for _, p := range pragmas {
 		q.Add("_pragma", p)

@@ -124,6 +124,10 @@ func (e *Engine) Handler() http.Handler { return e.api }
 // Run executes due work until ctx ends.
 func (e *Engine) Run(ctx context.Context) error { return e.rt.Run(ctx) }
 
+// Drain makes waiting task claims return at once (empty); call it when the
+// HTTP server starts shutting down.
+func (e *Engine) Drain() { e.rt.Drain() }
+
 // Nudge asks the dispatcher to look for due work now instead of at its next
 // wake-up.
 func (e *Engine) Nudge() { e.rt.Nudge() }

@@ -76,3 +76,33 @@ func HasCode(err error, code string) bool {
 	var e *APIError
 	return errors.As(err, &e) && e.Code == code
 }
+
+// Error codes of the task protocol.
+const (
+	CodeInvalidRequest = "invalid_request"
+	CodeStaleLease     = "stale_lease"
+	CodeTaskFinished   = "task_finished"
+)
+
+// Sentinels for the task protocol's refusals; test with errors.Is. Nothing
+// changed on the server when either is returned.
+var (
+	// ErrLeaseLost: the lease token is no longer the task's (the lease
+	// expired and the task was claimed again). Stop working on the task and
+	// do not report it.
+	ErrLeaseLost = errors.New("ferry: task lease lost")
+	// ErrTaskFinished: the task already succeeded, failed or was cancelled.
+	ErrTaskFinished = errors.New("ferry: task already finished")
+)
+
+// Is makes errors.Is(err, ErrLeaseLost) hold for a 409 stale_lease answer and
+// errors.Is(err, ErrTaskFinished) for a 409 task_finished one.
+func (e *APIError) Is(target error) bool {
+	switch target {
+	case ErrLeaseLost:
+		return e.StatusCode == http.StatusConflict && e.Code == CodeStaleLease
+	case ErrTaskFinished:
+		return e.StatusCode == http.StatusConflict && e.Code == CodeTaskFinished
+	}
+	return false
+}

@@ -25,6 +25,9 @@ const (
 	CodeStepFinished     = "step_finished"
 	CodeDisabled         = "workflow_disabled"
 	CodeTooLarge         = "too_large"
+	CodeInvalidRequest   = "invalid_request"
+	CodeStaleLease       = "stale_lease"
+	CodeTaskFinished     = "task_finished"
 	CodeInternal         = "internal"
 )
 
@@ -73,6 +76,12 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusConflict, CodeStepFinished, err.Error())
 	case errors.Is(err, runtime.ErrRunFinished):
 		writeError(w, http.StatusConflict, CodeRunFinished, err.Error())
+	case errors.Is(err, runtime.ErrStaleLease):
+		writeError(w, http.StatusConflict, CodeStaleLease, err.Error())
+	case errors.Is(err, runtime.ErrTaskFinished):
+		writeError(w, http.StatusConflict, CodeTaskFinished, err.Error())
+	case errors.Is(err, runtime.ErrInvalidTask):
+		writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
 	case errors.Is(err, runtime.ErrDisabled):
 		writeError(w, http.StatusConflict, CodeDisabled, err.Error())
 	default:

@@ -488,6 +488,11 @@ func TestOpenAPIDefinitionSchema(t *testing.T) {
 			"other":{"wait_for_webhook":true},
 			"third":{"wait_for_webhook":{}},
 			"handle-timeout":{"needs":["payment-result"],"if":"tasks.payment-result.status == 'timeout'","url":"https://myapp.com/api/checkout-expired"}}}`,
+		`{"name":"thumbs","tasks":{
+			"upload":{"url":"https://myapp.com/api/upload"},
+			"resize":{"needs":["upload"],"task":{"type":"content.thumbnail.v1","payload":{"id":"{{tasks.upload.body.id}}"},"priority":5},"retries":4,"retry_delay":"30s"},
+			"bare":{"task":{"type":"content.noop.v2"}},
+			"numeric-delay":{"task":{"type":"content.noop.v2","payload":[1,2]},"retry_delay":30}}}`,
 	}
 	for i, doc := range valid {
 		if _, err := spec.Parse([]byte(doc), spec.DefaultLimits); err != nil {
@@ -514,6 +519,13 @@ func TestOpenAPIDefinitionSchema(t *testing.T) {
 		"unknown wait field":       `{"name":"a","tasks":{"s":{"wait_for_webhook":{"timeout":"1h","x":1}}}}`,
 		"wait_for_webhook false":   `{"name":"a","tasks":{"s":{"wait_for_webhook":false}}}`,
 		"retries out of range":     `{"name":"a","tasks":{"s":{"url":"https://x.example","retries":26}}}`,
+		"task without type":        `{"name":"a","tasks":{"s":{"task":{"payload":{}}}}}`,
+		"unversioned task type":    `{"name":"a","tasks":{"s":{"task":{"type":"billing.invoice"}}}}`,
+		"unknown task field":       `{"name":"a","tasks":{"s":{"task":{"type":"a.b.v1","queue":"x"}}}}`,
+		"task priority too high":   `{"name":"a","tasks":{"s":{"task":{"type":"a.b.v1","priority":1001}}}}`,
+		"task and url":             `{"name":"a","tasks":{"s":{"task":{"type":"a.b.v1"},"url":"https://x.example"}}}`,
+		"retry_delay on http step": `{"name":"a","tasks":{"s":{"url":"https://x.example","retry_delay":"1s"}}}`,
+		"timeout on task step":     `{"name":"a","tasks":{"s":{"task":{"type":"a.b.v1"},"timeout":"1s"}}}`,
 		"bad step name":            `{"name":"a","tasks":{"s.t":{"sleep":"1s"}}}`,
 		"bad workflow name":        `{"name":"-a","tasks":{"s":{"sleep":"1s"}}}`,
 		"enabled is not a boolean": `{"name":"a","enabled":"yes","tasks":{"s":{"sleep":"1s"}}}`,
@@ -898,4 +910,187 @@ func mapKeysInOrder(t *testing.T, raw []byte) []string {
 		}
 	}
 	return keys
+}
+
+// The task routes: the worker protocol end to end, every status the server
+// returns checked against the document.
+func TestOpenAPITasks(t *testing.T) {
+	c, anon := newServer(t)
+	c.expect(anon.call("POST /api/v1/tasks/claim", "/api/v1/tasks/claim", `{"types":["billing.%"]}`, nil), 401, "unauthorized")
+
+	badPath := func(r reply, path string) {
+		t.Helper()
+		c.expect(r, 400, "invalid_request")
+		if d := listOf(r.errorDetail()["details"]); len(d) != 1 || m(d[0])["path"] != path {
+			t.Errorf("want one detail at %q: %s", path, r.raw)
+		}
+	}
+
+	// Create, idempotently.
+	create := `{"type":"billing.invoice.v1","payload":{"order_id":42},"priority":10,"idempotency_key":"order-42","max_attempts":3,"retry_delay":"10ms"}`
+	r := c.call("POST /api/v1/tasks", "/api/v1/tasks", create, nil)
+	c.expect(r, 201, "")
+	tk := r.data()
+	id, _ := tk["id"].(string)
+	if id == "" || tk["status"] != "pending" || tk["attempt"] != 0.0 || tk["max_attempts"] != 3.0 || tk["retry_delay"] != "10ms" || tk["idempotency_key"] != "order-42" {
+		t.Fatalf("create: %s", r.raw)
+	}
+	r = c.call("POST /api/v1/tasks", "/api/v1/tasks", create, nil)
+	c.expect(r, 200, "")
+	if r.data()["id"] != id {
+		t.Errorf("a repeated idempotency_key created task %v, want %s", r.data()["id"], id)
+	}
+	badPath(c.call("POST /api/v1/tasks", "/api/v1/tasks", `{"type":"billing"}`, nil), "type")
+	badPath(c.call("POST /api/v1/tasks", "/api/v1/tasks", `{"type":"a.b.v1","prio":1}`, nil), "prio")
+	badPath(c.call("POST /api/v1/tasks", "/api/v1/tasks", `{"type":"a.b.v1","priority":"high"}`, nil), "priority")
+	badPath(c.call("POST /api/v1/tasks", "/api/v1/tasks", `{"type":"a.b.v1","retry_delay":"soon"}`, nil), "retry_delay")
+	c.expect(c.call("POST /api/v1/tasks", "/api/v1/tasks", `{"type":"a.b.v1","payload":"`+strings.Repeat("x", api.MaxTaskBody)+`"}`, nil), 413, "too_large")
+
+	c.expect(c.call("GET /api/v1/tasks/{id}", "/api/v1/tasks/"+id, "", nil), 200, "")
+	c.expect(c.call("GET /api/v1/tasks/{id}", "/api/v1/tasks/nope", "", nil), 404, "not_found")
+
+	// Claim.
+	badPath(c.call("POST /api/v1/tasks/claim", "/api/v1/tasks/claim", `{"types":[]}`, nil), "types")
+	badPath(c.call("POST /api/v1/tasks/claim", "/api/v1/tasks/claim", `{"types":["billing.%","a%b"]}`, nil), "types[1]")
+	badPath(c.call("POST /api/v1/tasks/claim", "/api/v1/tasks/claim", `{"types":["a.%"],"wait_seconds":61}`, nil), "wait_seconds")
+	r = c.call("POST /api/v1/tasks/claim", "/api/v1/tasks/claim", `{"types":["nothing.%"]}`, nil)
+	c.expect(r, 200, "")
+	if l, ok := m(r.body)["data"].([]any); !ok || len(l) != 0 {
+		t.Errorf("an empty claim should be an empty list: %s", r.raw)
+	}
+	claim := func(body string) obj {
+		t.Helper()
+		r := c.call("POST /api/v1/tasks/claim", "/api/v1/tasks/claim", body, nil)
+		c.expect(r, 200, "")
+		l := listOf(m(r.body)["data"])
+		if len(l) != 1 || m(l[0])["id"] != id {
+			t.Fatalf("claim: %s", r.raw)
+		}
+		return m(l[0])
+	}
+	ct := claim(`{"types":["billing.%"],"worker_id":"w1","lease_seconds":30,"max":5}`)
+	tok1, _ := ct["lease_token"].(string)
+	if tok1 == "" || ct["attempt"] != 1.0 || ct["run_id"] != nil {
+		t.Fatalf("claimed task: %v", ct)
+	}
+
+	// Heartbeat, fail (retryable), stale reports.
+	hb := func(tok string) reply {
+		return c.call("POST /api/v1/tasks/{id}/heartbeat", "/api/v1/tasks/"+id+"/heartbeat", `{"lease_token":"`+tok+`","lease_seconds":60}`, nil)
+	}
+	r = hb(tok1)
+	c.expect(r, 200, "")
+	if r.data()["cancel_requested"] != false {
+		t.Errorf("heartbeat: %s", r.raw)
+	}
+	c.expect(hb("stale"), 409, "stale_lease")
+	badPath(c.call("POST /api/v1/tasks/{id}/heartbeat", "/api/v1/tasks/"+id+"/heartbeat", `{}`, nil), "lease_token")
+	c.expect(c.call("POST /api/v1/tasks/{id}/heartbeat", "/api/v1/tasks/nope/heartbeat", `{"lease_token":"x"}`, nil), 404, "not_found")
+	r = c.call("POST /api/v1/tasks/{id}/fail", "/api/v1/tasks/"+id+"/fail", `{"lease_token":"`+tok1+`","error":"smtp down","retryable":true}`, nil)
+	c.expect(r, 200, "")
+	if r.data()["status"] != "pending" || r.data()["last_error"] != "smtp down" {
+		t.Errorf("retryable fail: %s", r.raw)
+	}
+	c.expect(c.call("POST /api/v1/tasks/{id}/complete", "/api/v1/tasks/"+id+"/complete", `{"lease_token":"`+tok1+`","result":{}}`, nil), 409, "stale_lease")
+	c.expect(c.call("POST /api/v1/tasks/{id}/fail", "/api/v1/tasks/"+id+"/fail", `{"lease_token":"`+tok1+`"}`, nil), 409, "stale_lease")
+
+	// The retry comes due after 10ms × 1²; the claim waits for it.
+	ct = claim(`{"types":["billing.invoice.v1"],"worker_id":"w2","wait_seconds":10}`)
+	if ct["attempt"] != 2.0 {
+		t.Errorf("second claim: %v", ct)
+	}
+	r = c.call("POST /api/v1/tasks/{id}/complete", "/api/v1/tasks/"+id+"/complete", `{"lease_token":"`+ct["lease_token"].(string)+`","result":{"invoice_id":"inv_1"}}`, nil)
+	c.expect(r, 200, "")
+	if r.data()["status"] != "succeeded" || m(r.data()["result"])["invoice_id"] != "inv_1" || r.data()["finished_at"] == nil {
+		t.Errorf("complete: %s", r.raw)
+	}
+	c.expect(c.call("POST /api/v1/tasks/{id}/cancel", "/api/v1/tasks/"+id+"/cancel", "", nil), 409, "task_finished")
+
+	// Events.
+	r = c.call("GET /api/v1/tasks/{id}/events", "/api/v1/tasks/"+id+"/events", "", nil)
+	c.expect(r, 200, "")
+	var types []string
+	for _, e := range listOf(m(r.body)["data"]) {
+		types = append(types, m(e)["type"].(string))
+	}
+	if want := []string{"created", "claimed", "heartbeat", "retried", "claimed", "succeeded"}; !slices.Equal(types, want) {
+		t.Errorf("events %v, want %v", types, want)
+	}
+	c.expect(c.call("GET /api/v1/tasks/{id}/events", "/api/v1/tasks/"+id+"/events?after=-1", "", nil), 400, "invalid_parameter")
+	c.expect(c.call("GET /api/v1/tasks/{id}/events", "/api/v1/tasks/nope/events", "", nil), 404, "not_found")
+
+	// Cancelling a leased task: the holder learns it at its heartbeat and
+	// its report is refused.
+	r = c.call("POST /api/v1/tasks", "/api/v1/tasks", `{"type":"video.encode.v2"}`, nil)
+	c.expect(r, 201, "")
+	id = r.data()["id"].(string)
+	ct = claim(`{"types":["video.%"]}`)
+	tok := ct["lease_token"].(string)
+	r = c.call("POST /api/v1/tasks/{id}/cancel", "/api/v1/tasks/"+id+"/cancel", "", nil)
+	c.expect(r, 200, "")
+	if r.data()["status"] != "cancelled" || r.data()["cancel_requested"] != true {
+		t.Errorf("cancel: %s", r.raw)
+	}
+	r = hb(tok)
+	c.expect(r, 200, "")
+	if r.data()["cancel_requested"] != true {
+		t.Errorf("heartbeat after cancel: %s", r.raw)
+	}
+	c.expect(c.call("POST /api/v1/tasks/{id}/fail", "/api/v1/tasks/"+id+"/fail", `{"lease_token":"`+tok+`","retryable":false}`, nil), 409, "task_finished")
+	c.expect(c.call("POST /api/v1/tasks/{id}/cancel", "/api/v1/tasks/nope/cancel", "", nil), 404, "not_found")
+
+	// Task types.
+	r = c.call("PUT /api/v1/task-types/{type}", "/api/v1/task-types/report.build.v1", `{"description":"Nightly report","enabled":false,"max_attempts":2,"retry_delay":"30s"}`, nil)
+	c.expect(r, 200, "")
+	if r.data()["enabled"] != false || r.data()["max_attempts"] != 2.0 || r.data()["retry_delay"] != "30s" {
+		t.Errorf("put task type: %s", r.raw)
+	}
+	badPath(c.call("PUT /api/v1/task-types/{type}", "/api/v1/task-types/report", `{}`, nil), "type")
+	badPath(c.call("PUT /api/v1/task-types/{type}", "/api/v1/task-types/report.build.v1", `{"enabled":"no"}`, nil), "enabled")
+	c.expect(c.call("GET /api/v1/task-types/{type}", "/api/v1/task-types/report.build.v1", "", nil), 200, "")
+	c.expect(c.call("GET /api/v1/task-types/{type}", "/api/v1/task-types/none.v1", "", nil), 404, "not_found")
+	r = c.call("GET /api/v1/task-types", "/api/v1/task-types", "", nil)
+	c.expect(r, 200, "")
+	if l := listOf(m(r.body)["data"]); len(l) != 1 {
+		t.Errorf("list task types: %s", r.raw)
+	}
+	// A disabled type's tasks wait.
+	r = c.call("POST /api/v1/tasks", "/api/v1/tasks", `{"type":"report.build.v1"}`, nil)
+	c.expect(r, 201, "")
+	id = r.data()["id"].(string)
+	if r.data()["max_attempts"] != 2.0 || r.data()["retry_delay"] != "30s" {
+		t.Errorf("the type's defaults do not apply: %s", r.raw)
+	}
+	r = c.call("POST /api/v1/tasks/claim", "/api/v1/tasks/claim", `{"types":["report.%"]}`, nil)
+	c.expect(r, 200, "")
+	if len(listOf(m(r.body)["data"])) != 0 {
+		t.Errorf("a disabled type's task was handed out: %s", r.raw)
+	}
+	c.expect(c.call("PUT /api/v1/task-types/{type}", "/api/v1/task-types/report.build.v1", `{}`, nil), 200, "")
+	claim(`{"types":["report.%"]}`)
+
+	// A workflow's task step: its task carries run_id and step, and the
+	// result becomes the step's body.
+	c.expect(c.call("POST /api/v1/workflows", "/api/v1/workflows", `{"name":"thumbs","tasks":{"resize":{"task":{"type":"content.thumbnail.v1","payload":{"id":"{{trigger.body.id}}"}}}}}`, nil), 201, "")
+	r = c.call("POST /api/v1/workflows/{id}/trigger", "/api/v1/workflows/thumbs/trigger", `{"id":"img_1"}`, nil)
+	c.expect(r, 201, "")
+	runID := r.data()["run_id"].(string)
+	r = c.call("GET /api/v1/runs/{run_id}", "/api/v1/runs/"+runID, "", nil)
+	c.expect(r, 200, "")
+	if s := m(m(r.data()["tasks"])["resize"]); s["type"] != "task" || s["status"] != "running" {
+		t.Errorf("task step before the worker: %s", r.raw)
+	}
+	r = c.call("POST /api/v1/tasks/claim", "/api/v1/tasks/claim", `{"types":["content.%"]}`, nil)
+	c.expect(r, 200, "")
+	l := listOf(m(r.body)["data"])
+	if len(l) != 1 || m(l[0])["run_id"] != runID || m(l[0])["step"] != "resize" || m(m(l[0])["payload"])["id"] != "img_1" {
+		t.Fatalf("claim of a step's task: %s", r.raw)
+	}
+	id, tok = m(l[0])["id"].(string), m(l[0])["lease_token"].(string)
+	c.expect(c.call("POST /api/v1/tasks/{id}/complete", "/api/v1/tasks/"+id+"/complete", `{"lease_token":"`+tok+`","result":{"thumbnail":"img_1-thumb.png"}}`, nil), 200, "")
+	r = c.call("GET /api/v1/runs/{run_id}", "/api/v1/runs/"+runID, "", nil)
+	c.expect(r, 200, "")
+	if s := m(m(r.data()["tasks"])["resize"]); r.data()["status"] != "completed" || s["status"] != "success" || m(s["body"])["thumbnail"] != "img_1-thumb.png" {
+		t.Errorf("task step after the worker: %s", r.raw)
+	}
 }

@@ -86,6 +86,17 @@ var Routes = []string{
 	"GET /api/v1/runs/{run_id}",
 	"POST /api/v1/runs/{run_id}/cancel",
 	"GET /api/v1/runs/{run_id}/events",
+	"POST /api/v1/tasks",
+	"POST /api/v1/tasks/claim",
+	"GET /api/v1/tasks/{id}",
+	"POST /api/v1/tasks/{id}/cancel",
+	"POST /api/v1/tasks/{id}/heartbeat",
+	"POST /api/v1/tasks/{id}/complete",
+	"POST /api/v1/tasks/{id}/fail",
+	"GET /api/v1/tasks/{id}/events",
+	"GET /api/v1/task-types",
+	"GET /api/v1/task-types/{type}",
+	"PUT /api/v1/task-types/{type}",
 }
 
 func (s *Server) routes() {
@@ -105,6 +116,17 @@ func (s *Server) routes() {
 		"GET /api/v1/runs/{run_id}":                        s.auth(s.getRun),
 		"POST /api/v1/runs/{run_id}/cancel":                s.auth(s.cancelRun),
 		"GET /api/v1/runs/{run_id}/events":                 s.auth(s.listEvents),
+		"POST /api/v1/tasks":                               s.auth(s.createTask),
+		"POST /api/v1/tasks/claim":                         s.auth(s.claimTasks),
+		"GET /api/v1/tasks/{id}":                           s.auth(s.getTask),
+		"POST /api/v1/tasks/{id}/cancel":                   s.auth(s.cancelTask),
+		"POST /api/v1/tasks/{id}/heartbeat":                s.auth(s.heartbeat),
+		"POST /api/v1/tasks/{id}/complete":                 s.auth(s.completeTask),
+		"POST /api/v1/tasks/{id}/fail":                     s.auth(s.failTask),
+		"GET /api/v1/tasks/{id}/events":                    s.auth(s.taskEvents),
+		"GET /api/v1/task-types":                           s.auth(s.listTaskTypes),
+		"GET /api/v1/task-types/{type}":                    s.auth(s.getTaskType),
+		"PUT /api/v1/task-types/{type}":                    s.auth(s.putTaskType),
 	}
 	for _, r := range Routes {
 		s.mux.HandleFunc(r, h[r])
@@ -430,6 +452,11 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) {
 	if _, _, ok := s.runFor(w, r); !ok {
 		return
 	}
+	s.events(w, r, r.PathValue("run_id"), "run_id")
+}
+
+// events lists a run's or a task's events after ?after=<seq>.
+func (s *Server) events(w http.ResponseWriter, r *http.Request, subject, subjectKey string) {
 	after := int64(0)
 	if a := r.URL.Query().Get("after"); a != "" {
 		n, err := strconv.ParseInt(a, 10, 64)
@@ -440,15 +467,33 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) {
 		}
 		after = n
 	}
-	evs, err := s.st.ListEvents(r.Context(), r.PathValue("run_id"), after, 1000)
+	evs, err := s.st.ListEvents(r.Context(), subject, after, 1000)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
-	if evs == nil {
-		evs = []*store.Event{}
+	writeData(w, http.StatusOK, eventsJSON(evs, subjectKey))
+}
+
+// eventsJSON renders events with the subject under its own name (run_id or
+// task_id): both share one append-only log.
+func eventsJSON(evs []*store.Event, subjectKey string) []any {
+	out := make([]any, 0, len(evs))
+	for _, e := range evs {
+		o := &ordered{}
+		o.set(subjectKey, e.RunID)
+		o.set("seq", e.Seq)
+		o.set("type", e.Type)
+		if e.Step != "" {
+			o.set("step", e.Step)
+		}
+		if e.Data != nil {
+			o.set("data", e.Data)
+		}
+		o.set("at", e.At)
+		out = append(out, o)
 	}
-	writeData(w, http.StatusOK, evs)
+	return out
 }
 
 // ---- webhook callbacks ----

@@ -116,6 +116,14 @@ func runJSON(run *store.Run, steps []*store.StepRun, rt *runtime.Runtime) any {
 		if s.WakeAt != nil {
 			t.set("wake_at", s.WakeAt.UTC())
 		}
+		if s.Type == "task" && len(s.Request) > 0 {
+			var ref struct {
+				TaskID string `json:"task_id"`
+			}
+			if json.Unmarshal(s.Request, &ref) == nil && ref.TaskID != "" {
+				t.set("task_id", ref.TaskID)
+			}
+		}
 		if s.CallbackToken != "" {
 			t.set("callback_url", rt.CallbackURL(s.CallbackToken))
 		}

@@ -64,6 +64,8 @@ it once; only its hash is stored.`,
 				return fmt.Errorf("listen on %s: %w", listen, err)
 			}
 			srv := &http.Server{Handler: eng.Handler(), ReadHeaderTimeout: 10 * time.Second}
+			// Shutdown waits for requests in flight; end workers' long-polls.
+			srv.RegisterOnShutdown(eng.Drain)
 			runDone := make(chan error, 1)
 			go func() { runDone <- eng.Run(ctx) }()
 			srvDone := make(chan error, 1)

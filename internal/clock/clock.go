@@ -20,8 +20,9 @@ type Timer interface {
 // Real is the system clock.
 type Real struct{}
 
-// Now returns the current time.
-func (Real) Now() time.Time { return time.Now() }
+// Now returns the current wall time at microsecond precision: what the
+// stores keep, so a value read back equals the value written.
+func (Real) Now() time.Time { return time.Now().Round(0).Truncate(time.Microsecond) }
 
 // NewTimer starts a system timer.
 func (Real) NewTimer(d time.Duration) Timer { return realTimer{time.NewTimer(d)} }

@@ -18,31 +18,40 @@ import (
 	"time"
 )
 
-var (
-	binOnce sync.Once
-	binPath string
-	binErr  error
-)
+// built is one binary compiled for the tests, once per test process.
+type built struct {
+	once sync.Once
+	path string
+	err  error
+}
 
-// ferryBinary builds cmd/ferry once per test process.
-func ferryBinary(t *testing.T) string {
+var builds sync.Map // package path -> *built
+
+// buildBinary compiles the main package pkg once per test process.
+func buildBinary(t *testing.T, pkg, name string) string {
 	t.Helper()
-	binOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "ferry-bin-")
+	v, _ := builds.LoadOrStore(pkg, &built{})
+	b := v.(*built)
+	b.once.Do(func() {
+		dir, err := os.MkdirTemp("", "ferry-"+name+"-")
 		if err != nil {
-			binErr = err
+			b.err = err
 			return
 		}
-		binPath = filepath.Join(dir, "ferry")
-		out, err := exec.Command("go", "build", "-o", binPath, "github.com/ferryhq/ferry/cmd/ferry").CombinedOutput()
-		if err != nil {
-			binErr = fmt.Errorf("go build: %v\n%s", err, out)
+		b.path = filepath.Join(dir, name)
+		if out, err := exec.Command("go", "build", "-o", b.path, pkg).CombinedOutput(); err != nil {
+			b.err = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
 		}
 	})
-	if binErr != nil {
-		t.Fatal(binErr)
+	if b.err != nil {
+		t.Fatal(b.err)
 	}
-	return binPath
+	return b.path
+}
+
+// ferryBinary builds cmd/ferry.
+func ferryBinary(t *testing.T) string {
+	return buildBinary(t, "github.com/ferryhq/ferry/cmd/ferry", "ferry")
 }
 
 func freePort(t *testing.T) string {

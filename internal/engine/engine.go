@@ -45,6 +45,7 @@ const (
 	StartHTTP     Action = "start_http"
 	StartSleep    Action = "start_sleep"
 	StartWait     Action = "start_wait"
+	StartTask     Action = "start_task"
 )
 
 // HTTPRequest is an HTTP step with its templates resolved.
@@ -63,7 +64,8 @@ type Decision struct {
 	Blocked bool
 	HTTP    *HTTPRequest
 	Sleep   time.Duration
-	Timeout time.Duration // wait_for_webhook timeout; 0 = none
+	Timeout time.Duration   // wait_for_webhook timeout; 0 = none
+	Payload json.RawMessage // a task step's payload with templates resolved
 }
 
 // Next returns the decisions for every step that can move now, in definition
@@ -100,6 +102,8 @@ func Next(r Run) []Decision {
 				states[st.Name] = StepState{Status: status.StepSleeping}
 			case StartWait:
 				states[st.Name] = StepState{Status: status.StepWaiting}
+			case StartTask:
+				states[st.Name] = StepState{Status: status.StepRunning}
 			}
 		}
 	}
@@ -148,6 +152,12 @@ func decide(r Run, st *spec.Step, states map[string]StepState) Decision {
 		return Decision{Step: st.Name, Action: StartSleep, Sleep: st.Sleep}
 	case spec.StepWebhook:
 		return Decision{Step: st.Name, Action: StartWait, Timeout: st.WaitTimeout}
+	case spec.StepTask:
+		payload, err := renderPayload(st, scope(r, states))
+		if err != nil {
+			return Decision{Step: st.Name, Action: TemplateError, Reason: templateMessage(err)}
+		}
+		return Decision{Step: st.Name, Action: StartTask, Payload: payload}
 	}
 	req, err := renderHTTP(st, scope(r, states))
 	if err != nil {
@@ -164,6 +174,23 @@ func templateMessage(err error) string {
 		return re.Reason
 	}
 	return err.Error()
+}
+
+func renderPayload(st *spec.Step, sc *expr.Scope) (json.RawMessage, error) {
+	if !st.HasPayload {
+		return json.RawMessage("{}"), nil
+	}
+	v, err := expr.RenderJSON(st.Payload, sc)
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, fmt.Errorf("encode payload: %w", err)
+	}
+	return bytes.TrimRight(buf.Bytes(), "\n"), nil
 }
 
 func renderHTTP(st *spec.Step, sc *expr.Scope) (*HTTPRequest, error) {

@@ -22,6 +22,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 		go func() {
 			for range wakeups {
 				r.Nudge()
+				r.tasksReady()
 			}
 		}()
 	}
@@ -50,6 +51,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 		}
 		if now := r.clk.Now(); now.Sub(lastSweep) > time.Minute {
 			lastSweep = now
+			r.failExhaustedLeases(ctx)
 			if n, err := r.st.Sweep(ctx); err != nil && ctx.Err() == nil {
 				r.log.Warn("sweep failed", "err", err)
 			} else if n > 0 {
@@ -104,6 +106,11 @@ func (r *Runtime) process(ctx context.Context, it *store.QueueItem) {
 		err = r.expireRun(ctx, it)
 	default:
 		err = fmt.Errorf("unknown queue item kind %q", it.Kind)
+	}
+	if err == nil {
+		// The item may have started task steps; wake waiting claims now
+		// that the transaction is committed.
+		r.tasksReady()
 	}
 	switch {
 	case err == nil, ctx.Err() != nil:

@@ -62,6 +62,12 @@ type Runtime struct {
 	mu    sync.Mutex
 	inflt map[string]map[int64]context.CancelFunc // run id -> item id -> cancel
 	wg    sync.WaitGroup
+
+	drainOnce sync.Once
+	draining  chan struct{} // closed when the server stops: long-polls return
+
+	taskMu  sync.Mutex
+	taskSig chan struct{} // closed and replaced when tasks may have become claimable
 }
 
 // New builds a runtime; call Run to start dispatching.
@@ -86,13 +92,15 @@ func New(cfg Config) *Runtime {
 	}
 	cfg.PublicURL = strings.TrimRight(cfg.PublicURL, "/")
 	return &Runtime{
-		cfg:   cfg,
-		st:    cfg.Store,
-		clk:   cfg.Clock,
-		log:   cfg.Logger,
-		wake:  make(chan struct{}, 1),
-		sem:   make(chan struct{}, cfg.Concurrency),
-		inflt: map[string]map[int64]context.CancelFunc{},
+		cfg:      cfg,
+		st:       cfg.Store,
+		clk:      cfg.Clock,
+		log:      cfg.Logger,
+		wake:     make(chan struct{}, 1),
+		sem:      make(chan struct{}, cfg.Concurrency),
+		inflt:    map[string]map[int64]context.CancelFunc{},
+		taskSig:  make(chan struct{}),
+		draining: make(chan struct{}),
 	}
 }
 
@@ -179,7 +187,7 @@ func (r *Runtime) Trigger(ctx context.Context, req TriggerRequest) (*store.Run, 
 	ch.events = append(ch.events, store.NewEvent{Type: "run_started", Data: map[string]any{"workflow": wf.Name, "version": wf.Version}})
 	ch.queue = append(ch.queue, store.QueueItem{Kind: store.KindRunExpire, DueAt: run.ExpiresAt})
 	r.decide(def, &run, steps, ch)
-	nr := &store.NewRun{Run: run, Steps: steps, Queue: ch.queue, Events: ch.events}
+	nr := &store.NewRun{Run: run, Steps: steps, Queue: ch.queue, Tasks: ch.tasks, Events: ch.events}
 	if ch.finished {
 		nr.Queue = nil
 	}
@@ -190,6 +198,9 @@ func (r *Runtime) Trigger(ctx context.Context, req TriggerRequest) (*store.Run, 
 	if created {
 		r.log.Info("run started", "run_id", got.ID, "workflow", wf.Name, "version", wf.Version)
 		r.Nudge()
+		if len(ch.tasks) > 0 {
+			r.tasksReady()
+		}
 	}
 	return got, created, nil
 }
@@ -200,6 +211,7 @@ type changes struct {
 	runID    string
 	touched  []*store.StepRun
 	queue    []store.QueueItem
+	tasks    []*store.Task
 	events   []store.NewEvent
 	finished bool
 }
@@ -249,6 +261,22 @@ func (r *Runtime) decide(def *spec.Workflow, run *store.Run, steps []*store.Step
 			s.Status, s.Attempt, s.Request, s.StartedAt = status.StepRunning, 1, b, &now
 			ch.queue = append(ch.queue, store.QueueItem{Kind: store.KindHTTP, RunID: run.ID, Step: s.Name, Attempt: 1, DueAt: now})
 			ch.events = append(ch.events, store.NewEvent{Type: "step_started", Step: s.Name})
+		case engine.StartTask:
+			st := def.Step(s.Name)
+			s.Status, s.Attempt, s.StartedAt = status.StepRunning, 0, &now
+			t := &store.Task{
+				ID: uuid.Must(uuid.NewV7()).String(), Type: st.TaskType, Payload: d.Payload, Status: status.TaskPending,
+				// No idempotency key: the run's transaction already
+				// makes one task per step, and keys belong to producers.
+				Priority: st.TaskPriority, RunAt: now,
+				RetryDelay: st.RetryDelay, RunID: run.ID, Step: s.Name,
+			}
+			if st.RetriesSet {
+				t.MaxAttempts = st.Retries + 1
+			}
+			s.Request, _ = json.Marshal(map[string]any{"task_id": t.ID, "type": t.Type})
+			ch.tasks = append(ch.tasks, t)
+			ch.events = append(ch.events, store.NewEvent{Type: "step_started", Step: s.Name, Data: map[string]any{"task_id": t.ID, "type": t.Type}})
 		case engine.StartSleep:
 			wake := now.Add(d.Sleep)
 			s.Status, s.WakeAt, s.StartedAt = status.StepSleeping, &wake, &now
@@ -323,8 +351,18 @@ func (r *Runtime) flush(tx store.RunTx, run *store.Run, ch *changes) error {
 		if err := tx.DropQueue(); err != nil {
 			return err
 		}
-	} else if err := tx.Enqueue(ch.queue...); err != nil {
-		return err
+		if err := tx.CancelTasks(); err != nil {
+			return err
+		}
+	} else {
+		if err := tx.Enqueue(ch.queue...); err != nil {
+			return err
+		}
+		for _, t := range ch.tasks {
+			if err := tx.CreateTask(t); err != nil {
+				return err
+			}
+		}
 	}
 	return tx.Append(ch.events...)
 }
@@ -406,6 +444,7 @@ func (r *Runtime) DeliverWebhook(ctx context.Context, token string, payload []by
 	})
 	if err == nil {
 		r.Nudge()
+		r.tasksReady()
 	}
 	return err
 }

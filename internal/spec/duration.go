@@ -78,7 +78,15 @@ func FormatDuration(d time.Duration) string {
 	if d > 0 && d%(24*time.Hour) == 0 {
 		return strconv.FormatInt(int64(d/(24*time.Hour)), 10) + "d"
 	}
-	return d.String()
+	s := d.String()
+	// "1m0s" → "1m", "2h0m0s" → "2h": how people write them.
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 const (
@@ -86,3 +94,9 @@ const (
 	millisecondUnit = time.Millisecond
 	maxHTTPTimeout  = time.Hour
 )
+
+// DurationFromJSON reads a duration given as a string with a unit or as a
+// number in unit.
+func DurationFromJSON(raw json.RawMessage, unit time.Duration) (time.Duration, error) {
+	return durationFromJSON(raw, unit)
+}

@@ -122,6 +122,14 @@ func checkExpressions(c *collector, w *Workflow) {
 				checkRefs(c, w, base+".if", s, up, cond.Refs(), true)
 			}
 		}
+		if s.Type == StepTask && s.HasPayload {
+			refs, err := expr.TemplateRefs(s.Payload)
+			if err != nil {
+				c.add(base+".task.payload", CodeInvalidTemplate, "%v", err)
+			} else {
+				checkRefs(c, w, base+".task.payload", s, up, refs, false)
+			}
+		}
 		if s.Type != StepHTTP {
 			continue
 		}

@@ -8,7 +8,9 @@ import (
 	"io"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/goccy/go-yaml"
 	"github.com/google/uuid"
@@ -243,7 +245,13 @@ func lastSegment(path string) string {
 	return path
 }
 
-var httpFields = map[string]bool{"url": true, "method": true, "headers": true, "body": true, "retries": true, "timeout": true}
+// fieldTypes says which step types a type-specific field is allowed on.
+var fieldTypes = map[string][]StepType{
+	"method": {StepHTTP}, "headers": {StepHTTP}, "body": {StepHTTP}, "timeout": {StepHTTP},
+	"retries": {StepHTTP, StepTask}, "retry_delay": {StepTask},
+}
+
+var taskTypeRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]*(\.[a-z0-9_-]+)*\.v[0-9]+$`)
 
 func parseStep(c *collector, path, name string, raw json.RawMessage) *Step {
 	st := &Step{Name: name, Needs: []string{}}
@@ -297,8 +305,18 @@ func parseStep(c *collector, path, name string, raw json.RawMessage) *Step {
 			if err := json.Unmarshal(m.Value, &n); err != nil || n < 0 || n > 25 {
 				c.add(p, CodeInvalidValue, "retries must be a whole number from 0 to 25")
 			} else {
-				st.Retries = n
+				st.Retries, st.RetriesSet = n, true
 			}
+		case "retry_delay":
+			d, err := durationFromJSON(m.Value, secondUnit)
+			if err != nil || d < time.Millisecond {
+				c.add(p, CodeInvalidDuration, "retry_delay must be a duration of at least 1ms, like \"30s\", or seconds as a number")
+			} else {
+				st.RetryDelay = d
+			}
+		case "task":
+			types = append(types, StepTask)
+			parseTask(c, p, st, m.Value)
 		case "timeout":
 			d, err := durationFromJSON(m.Value, millisecondUnit)
 			if err != nil || d <= 0 || d > maxHTTPTimeout {
@@ -323,7 +341,7 @@ func parseStep(c *collector, path, name string, raw json.RawMessage) *Step {
 	}
 	switch len(types) {
 	case 0:
-		c.add(path, CodeMissingStepType, "step %q has no type: give it a url, sleep or wait_for_webhook", name)
+		c.add(path, CodeMissingStepType, "step %q has no type: give it a url, task, sleep or wait_for_webhook", name)
 	case 1:
 		st.Type = types[0]
 	default:
@@ -334,13 +352,13 @@ func parseStep(c *collector, path, name string, raw json.RawMessage) *Step {
 				names[i] = "url"
 			}
 		}
-		c.add(path, CodeConflictingTypes, "step %q has more than one type (%s); a step is exactly one of url, sleep, wait_for_webhook", name, strings.Join(names, ", "))
+		c.add(path, CodeConflictingTypes, "step %q has more than one type (%s); a step is exactly one of url, task, sleep, wait_for_webhook", name, strings.Join(names, ", "))
 		st.Type = types[0]
 	}
-	if st.Type != StepHTTP && len(types) == 1 {
+	if len(types) == 1 {
 		for _, m := range members {
-			if httpFields[m.Key] {
-				c.add(path+"."+m.Key, CodeFieldNotAllowed, "%s is only allowed on HTTP steps (steps with a url)", m.Key)
+			if allowed, ok := fieldTypes[m.Key]; ok && !slices.Contains(allowed, st.Type) {
+				c.add(path+"."+m.Key, CodeFieldNotAllowed, "%s is not allowed on %s steps", m.Key, st.Type)
 			}
 		}
 	}
@@ -358,6 +376,48 @@ func parseStep(c *collector, path, name string, raw json.RawMessage) *Step {
 	}
 	return st
 }
+
+func parseTask(c *collector, p string, st *Step, raw json.RawMessage) {
+	st.TaskPriority = DefaultTaskPriority
+	members, ok := objectMembers(raw)
+	if !ok {
+		c.add(p, CodeInvalidType, "task must be an object like {\"type\": \"billing.invoice.v1\", \"payload\": {...}}")
+		return
+	}
+	for _, m := range members {
+		switch m.Key {
+		case "type":
+			if s, ok := str(c, p+".type", m.Value); ok {
+				st.TaskType = s
+				if !taskTypeRE.MatchString(s) {
+					c.add(p+".type", CodeInvalidValue, "task type %q must be a versioned name like \"billing.invoice.v1\" (lower case, dot-separated, ending in .vN)", s)
+				}
+			}
+		case "payload":
+			dec := json.NewDecoder(bytes.NewReader(m.Value))
+			dec.UseNumber()
+			if err := dec.Decode(&st.Payload); err != nil {
+				c.add(p+".payload", CodeInvalidJSON, "payload: %v", err)
+			}
+			st.HasPayload = true
+		case "priority":
+			var n int
+			if err := json.Unmarshal(m.Value, &n); err != nil || n < 0 || n > 1000 {
+				c.add(p+".priority", CodeInvalidValue, "priority must be a whole number from 0 to 1000 (lower runs first)")
+			} else {
+				st.TaskPriority = n
+			}
+		default:
+			c.add(p+"."+m.Key, CodeUnknownField, "unknown field %q", m.Key)
+		}
+	}
+	if st.TaskType == "" {
+		c.add(p+".type", CodeRequired, "task.type is required")
+	}
+}
+
+// ValidTaskType reports whether s is a versioned task type name.
+func ValidTaskType(s string) bool { return taskTypeRE.MatchString(s) }
 
 func parseWait(c *collector, p string, st *Step, raw json.RawMessage) {
 	if string(raw) == "true" || string(raw) == "{}" {

@@ -17,7 +17,11 @@ const (
 	StepHTTP    StepType = "http"
 	StepSleep   StepType = "sleep"
 	StepWebhook StepType = "wait_for_webhook"
+	StepTask    StepType = "task"
 )
+
+// DefaultTaskPriority is a task step's priority unless set (lower first).
+const DefaultTaskPriority = 100
 
 // Defaults, as in the seed.
 const (
@@ -75,6 +79,14 @@ type Step struct {
 
 	// Wait for webhook; zero WaitTimeout means "until the run's max_duration".
 	WaitTimeout time.Duration
+
+	// Task (external worker)
+	TaskType     string
+	Payload      any // decoded JSON; templates allowed
+	HasPayload   bool
+	TaskPriority int
+	RetriesSet   bool          // retries given explicitly (task defaults come from the type registry)
+	RetryDelay   time.Duration // base of the attempt² backoff; 0 = type's or default
 }
 
 // Step returns the named step or nil.
@@ -103,6 +115,12 @@ func (w *Workflow) canonical() []byte {
 		Timeout     time.Duration     `json:"timeout,omitempty"`
 		Sleep       time.Duration     `json:"sleep,omitempty"`
 		WaitTimeout time.Duration     `json:"wait_timeout,omitempty"`
+		TaskType    string            `json:"task_type,omitempty"`
+		Payload     any               `json:"payload,omitempty"`
+		HasPayload  bool              `json:"has_payload,omitempty"`
+		Priority    int               `json:"priority,omitempty"`
+		RetriesSet  bool              `json:"retries_set,omitempty"`
+		RetryDelay  time.Duration     `json:"retry_delay,omitempty"`
 	}
 	out := struct {
 		Name        string        `json:"name"`
@@ -113,7 +131,10 @@ func (w *Workflow) canonical() []byte {
 		Steps       []cstep       `json:"steps"`
 	}{w.Name, w.Description, w.Trigger, w.MaxDuration, w.Enabled, nil}
 	for _, s := range w.Steps {
-		out.Steps = append(out.Steps, cstep{s.Name, s.Type, s.Needs, s.If, s.URL, s.Method, s.Headers, s.Body, s.HasBody, s.Retries, s.Timeout, s.Sleep, s.WaitTimeout})
+		// Spelling out a default must not change the fingerprint; only a
+		// task step's retries defer to the type registry when absent.
+		retriesSet := s.RetriesSet && s.Type == StepTask
+		out.Steps = append(out.Steps, cstep{s.Name, s.Type, s.Needs, s.If, s.URL, s.Method, s.Headers, s.Body, s.HasBody, s.Retries, s.Timeout, s.Sleep, s.WaitTimeout, s.TaskType, s.Payload, s.HasPayload, s.TaskPriority, retriesSet, s.RetryDelay})
 	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)

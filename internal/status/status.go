@@ -53,3 +53,17 @@ func StepFailure(s string) bool {
 	}
 	return false
 }
+
+// Task statuses (the durable inbox's names).
+const (
+	TaskPending   = "pending"
+	TaskLeased    = "leased"
+	TaskSucceeded = "succeeded"
+	TaskFailed    = "failed"
+	TaskCancelled = "cancelled"
+)
+
+// TaskTerminal reports whether a task in status s is finished.
+func TaskTerminal(s string) bool {
+	return s == TaskSucceeded || s == TaskFailed || s == TaskCancelled
+}

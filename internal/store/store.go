@@ -116,7 +116,57 @@ type NewRun struct {
 	Run    Run
 	Steps  []*StepRun
 	Queue  []QueueItem
+	Tasks  []*Task
 	Events []NewEvent
+}
+
+// Task is a unit of work handed to external workers (the durable inbox). A
+// task may belong to a workflow step (RunID, Step) or stand alone.
+type Task struct {
+	ID              string
+	Type            string
+	Payload         json.RawMessage
+	Status          string
+	Priority        int
+	RunAt           time.Time
+	IdempotencyKey  string
+	Attempt         int
+	MaxAttempts     int
+	RetryDelay      time.Duration // base of the attempt² backoff; 0 = default
+	LeasedBy        string
+	LeaseToken      string
+	LeaseUntil      *time.Time
+	Reclaimed       bool // the current lease took over an expired one
+	CancelRequested bool
+	LastError       string
+	Result          json.RawMessage
+	RunID           string
+	Step            string
+	CreatedAt       time.Time
+	UpdatedAt       time.Time
+	FinishedAt      *time.Time
+}
+
+// TaskType is a registry entry: defaults for a versioned task type and
+// whether its tasks may be claimed.
+type TaskType struct {
+	Type        string
+	Description string
+	Enabled     bool
+	MaxAttempts int           // 0 = default
+	RetryDelay  time.Duration // 0 = default
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+}
+
+// ClaimTasks asks for up to Max claimable tasks whose type matches one of
+// Patterns: an exact type, or a prefix ending in % ("billing.%").
+type ClaimTasks struct {
+	Patterns []string
+	WorkerID string
+	Lease    time.Duration
+	Max      int
+	Now      time.Time
 }
 
 // Store is the persistence seam. Every method is safe for concurrent use.
@@ -142,6 +192,8 @@ type Store interface {
 	GetRun(ctx context.Context, id string) (*Run, []*StepRun, error)
 	ListRuns(ctx context.Context, workflowID string, p Page) ([]*Run, string, error)
 	ListEvents(ctx context.Context, runID string, afterSeq int64, limit int) ([]*Event, error)
+	// CountRuns counts a workflow's runs by status.
+	CountRuns(ctx context.Context, workflowID string) (map[string]int, error)
 	// StepByToken finds the step that owns a webhook callback token.
 	StepByToken(ctx context.Context, token string) (runID, step string, err error)
 
@@ -159,6 +211,30 @@ type Store interface {
 	NextDue(ctx context.Context) (time.Time, bool, error)
 	// Sweep deletes queue items of finished runs (they can do nothing).
 	Sweep(ctx context.Context) (int, error)
+
+	// CreateTask inserts a standalone task with a "created" event. A
+	// repeated idempotency key writes nothing and returns the first task
+	// with created=false.
+	CreateTask(ctx context.Context, t *Task, now time.Time) (task *Task, created bool, err error)
+	GetTask(ctx context.Context, id string) (*Task, error)
+	// ClaimTasks leases due tasks (pending and due, or leased with an
+	// expired lease) in priority, due time and age order, skipping disabled
+	// types; attempt is incremented and "claimed" (and "lease_expired")
+	// events are appended.
+	ClaimTasks(ctx context.Context, req ClaimTasks) ([]*Task, error)
+	// NextTaskDue is the earliest time a task matching patterns becomes
+	// claimable (a run_at or a lease end in the future).
+	NextTaskDue(ctx context.Context, patterns []string, now time.Time) (time.Time, bool, error)
+	// ExpiredTaskLeases lists up to limit leased tasks whose lease ended
+	// at or before now.
+	ExpiredTaskLeases(ctx context.Context, now time.Time, limit int) ([]*Task, error)
+	// InTask runs fn in a transaction holding the task's lock and, when the
+	// task belongs to a run, the run's lock first (runs are always locked
+	// before their tasks, so the two never deadlock).
+	InTask(ctx context.Context, id string, now time.Time, fn func(tx TaskTx) error) error
+	PutTaskType(ctx context.Context, tt *TaskType) (*TaskType, error)
+	GetTaskType(ctx context.Context, typ string) (*TaskType, error)
+	ListTaskTypes(ctx context.Context) ([]*TaskType, error)
 
 	// API keys are stored as SHA-256 hashes.
 	AddAPIKey(ctx context.Context, name, hash string) error
@@ -182,6 +258,23 @@ type RunTx interface {
 	// DropQueue deletes all of the run's queue items.
 	DropQueue() error
 	Append(events ...NewEvent) error
+	// CreateTask inserts a task owned by one of the run's steps, with its
+	// "created" event.
+	CreateTask(t *Task) error
+	// CancelTasks cancels the run's unfinished tasks (workers see
+	// cancel_requested at their next heartbeat).
+	CancelTasks() error
+}
+
+// TaskTx is a transaction that holds one task's lock (and its run's).
+type TaskTx interface {
+	// Now is the transaction's timestamp (what updated_at records).
+	Now() time.Time
+	Task() *Task
+	UpdateTask(t *Task) error
+	AppendTask(events ...NewEvent) error
+	// Run is the owning run's transaction, or nil for a standalone task.
+	Run() RunTx
 }
 
 // Notifier is an optional capability: a store that can tell other nodes that

@@ -192,6 +192,17 @@ func (s *Store) CreateRun(ctx context.Context, nr *store.NewRun, now time.Time) 
 	if err := s.enqueue(ctx, tx, nr.Queue); err != nil {
 		return nil, false, err
 	}
+	for _, t := range nr.Tasks {
+		t.RunID = r.ID
+		if err := s.insertTask(ctx, tx, t, now); err != nil {
+			return nil, false, fmt.Errorf("insert task: %w", err)
+		}
+	}
+	if len(nr.Tasks) > 0 && len(nr.Queue) == 0 && s.d.AfterEnqueue != "" {
+		if _, err := tx.ExecContext(ctx, s.d.AfterEnqueue); err != nil {
+			return nil, false, err
+		}
+	}
 	if err := tx.Commit(); err != nil {
 		return nil, false, err
 	}
@@ -304,4 +315,23 @@ func (s *Store) StepByToken(ctx context.Context, tok string) (string, string, er
 		return "", "", fmt.Errorf("callback token: %w", store.ErrNotFound)
 	}
 	return runID, step, err
+}
+
+// CountRuns counts a workflow's runs by status.
+func (s *Store) CountRuns(ctx context.Context, workflowID string) (map[string]int, error) {
+	rows, err := s.r.QueryContext(ctx, s.q(`SELECT status, COUNT(*) FROM runs WHERE workflow_id = ? GROUP BY status`), workflowID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var st string
+		var n int
+		if err := rows.Scan(&st, &n); err != nil {
+			return nil, err
+		}
+		out[st] = n
+	}
+	return out, rows.Err()
 }

@@ -20,6 +20,32 @@ var runTests = []test{
 	{"ListEventsAfterSeqAndLimit", testListEventsPaging},
 	{"StepByToken", testStepByToken},
 	{"CallbackTokenUnique", testCallbackTokenUnique},
+	{"CountRunsByStatus", testCountRuns},
+}
+
+func testCountRuns(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "counted")
+	other := mkWorkflow(t, s, "other")
+	for i, st := range []string{status.RunRunning, status.RunRunning, status.RunCompleted, status.RunFailed} {
+		r := baseRun(wf, "")
+		r.Status = st
+		if _, _, err := s.CreateRun(ctx, &store.NewRun{Run: r}, at(time.Duration(i)*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := s.CreateRun(ctx, &store.NewRun{Run: baseRun(other, "")}, t0); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.CountRuns(ctx, wf.ID)
+	must(t, err, "CountRuns")
+	want := map[string]int{status.RunRunning: 2, status.RunCompleted: 1, status.RunFailed: 1}
+	diff(t, "counts", want, got)
+	none, err := s.CountRuns(ctx, "no-such-workflow")
+	must(t, err, "CountRuns unknown")
+	if len(none) != 0 {
+		t.Errorf("counts for an unknown workflow = %v", none)
+	}
 }
 
 func testCreateRun(t *testing.T, s store.Store) {

@@ -30,6 +30,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"InRun", inRunTests},
 		{"Queue", queueTests},
 		{"APIKeys", apiKeyTests},
+		{"Tasks", taskTests},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

@@ -1,0 +1,434 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/runtime"
+	"github.com/ferryhq/ferry/internal/spec"
+	"github.com/ferryhq/ferry/internal/store"
+)
+
+// MaxTaskBody bounds task requests (payloads and results).
+const MaxTaskBody = 1 << 20
+
+// decodeStrict reads a JSON object into v, rejecting unknown fields and
+// wrong types with a 400 that names the field.
+func decodeStrict(w http.ResponseWriter, r *http.Request, v any) bool {
+	b, ok := readBody(w, r, MaxTaskBody)
+	if !ok {
+		return false
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
+		b = []byte("{}")
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil && dec.More() {
+		err = errors.New("unexpected data after the JSON object")
+	}
+	if err == nil {
+		return true
+	}
+	path, msg := "", err.Error()
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	switch {
+	case errors.As(err, &te) && te.Field == "":
+		msg = "request body must be a JSON object"
+	case errors.As(err, &te):
+		path, msg = te.Field, fmt.Sprintf("%s must be %s", te.Field, jsonKind(te.Type.Kind().String()))
+	case errors.As(err, &se):
+		msg = fmt.Sprintf("invalid JSON at byte %d: %v", se.Offset, err)
+	case strings.HasPrefix(msg, "json: unknown field "):
+		path = strings.Trim(strings.TrimPrefix(msg, "json: unknown field "), `"`)
+		msg = fmt.Sprintf("unknown field %q", path)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		msg = "truncated JSON"
+	}
+	writeError(w, http.StatusBadRequest, CodeInvalidRequest, msg, spec.FieldError{Path: path, Code: CodeInvalidRequest, Message: msg})
+	return false
+}
+
+func jsonKind(k string) string {
+	switch k {
+	case "string":
+		return "a string"
+	case "int", "int64", "float64":
+		return "a number"
+	case "bool":
+		return "true or false"
+	case "slice":
+		return "an array"
+	}
+	return "a " + k
+}
+
+func badField(w http.ResponseWriter, path, msg string) {
+	writeError(w, http.StatusBadRequest, CodeInvalidRequest, msg, spec.FieldError{Path: path, Code: CodeInvalidRequest, Message: msg})
+}
+
+func (s *Server) taskJSON(r *http.Request, t *store.Task) any {
+	maxAttempts, delay := s.rt.TaskDefaults(r.Context(), t)
+	o := &ordered{}
+	o.set("id", t.ID)
+	o.set("type", t.Type)
+	o.set("status", t.Status)
+	o.set("payload", t.Payload)
+	o.set("priority", t.Priority)
+	o.set("run_at", t.RunAt.UTC())
+	o.set("attempt", t.Attempt)
+	o.set("max_attempts", maxAttempts)
+	o.set("retry_delay", spec.FormatDuration(delay))
+	if t.IdempotencyKey != "" {
+		o.set("idempotency_key", t.IdempotencyKey)
+	} else {
+		o.set("idempotency_key", nil)
+	}
+	o.set("leased_by", nullable(t.LeasedBy))
+	o.set("lease_until", utc(t.LeaseUntil))
+	o.set("cancel_requested", t.CancelRequested)
+	o.set("result", t.Result)
+	o.set("last_error", nullable(t.LastError))
+	o.set("run_id", nullable(t.RunID))
+	o.set("step", nullable(t.Step))
+	o.set("created_at", t.CreatedAt.UTC())
+	o.set("updated_at", t.UpdatedAt.UTC())
+	o.set("finished_at", utc(t.FinishedAt))
+	return o
+}
+
+func nullable(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+type createTaskRequest struct {
+	Type           string          `json:"type"`
+	Payload        json.RawMessage `json:"payload"`
+	Priority       *int            `json:"priority"`
+	RunAt          *time.Time      `json:"run_at"`
+	IdempotencyKey string          `json:"idempotency_key"`
+	MaxAttempts    int             `json:"max_attempts"`
+	RetryDelay     json.RawMessage `json:"retry_delay"`
+}
+
+func (s *Server) createTask(w http.ResponseWriter, r *http.Request) {
+	var req createTaskRequest
+	if !decodeStrict(w, r, &req) {
+		return
+	}
+	switch {
+	case req.Type == "":
+		badField(w, "type", "type is required")
+		return
+	case !spec.ValidTaskType(req.Type):
+		badField(w, "type", fmt.Sprintf("type %q must be a versioned name like \"billing.invoice.v1\"", req.Type))
+		return
+	case req.Priority != nil && (*req.Priority < 0 || *req.Priority > 1000):
+		badField(w, "priority", "priority must be from 0 to 1000 (lower runs first)")
+		return
+	case req.MaxAttempts < 0 || req.MaxAttempts > 100:
+		badField(w, "max_attempts", "max_attempts must be from 1 to 100")
+		return
+	case len(req.IdempotencyKey) > 255:
+		badField(w, "idempotency_key", "idempotency_key must be at most 255 characters")
+		return
+	}
+	if len(req.Payload) > 0 && !json.Valid(req.Payload) {
+		badField(w, "payload", "payload must be JSON")
+		return
+	}
+	nt := runtime.NewTask{Type: req.Type, Payload: req.Payload, Priority: req.Priority, RunAt: req.RunAt, IdempotencyKey: req.IdempotencyKey, MaxAttempts: req.MaxAttempts}
+	if len(req.RetryDelay) > 0 {
+		d, err := spec.DurationFromJSON(req.RetryDelay, time.Second)
+		if err != nil || d < time.Millisecond {
+			badField(w, "retry_delay", "retry_delay must be a duration of at least 1ms, like \"30s\", or seconds as a number")
+			return
+		}
+		nt.RetryDelay = d
+	}
+	t, created, err := s.rt.CreateTask(r.Context(), nt)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	code := http.StatusCreated
+	if !created {
+		code = http.StatusOK
+	}
+	writeData(w, code, s.taskJSON(r, t))
+}
+
+func (s *Server) getTask(w http.ResponseWriter, r *http.Request) {
+	t, err := s.st.GetTask(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeData(w, http.StatusOK, s.taskJSON(r, t))
+}
+
+func (s *Server) cancelTask(w http.ResponseWriter, r *http.Request) {
+	t, err := s.rt.CancelTask(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeData(w, http.StatusOK, s.taskJSON(r, t))
+}
+
+func (s *Server) taskEvents(w http.ResponseWriter, r *http.Request) {
+	if _, err := s.st.GetTask(r.Context(), r.PathValue("id")); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	s.events(w, r, r.PathValue("id"), "task_id")
+}
+
+type claimRequest struct {
+	Types        []string `json:"types"`
+	WorkerID     string   `json:"worker_id"`
+	LeaseSeconds float64  `json:"lease_seconds"`
+	Max          int      `json:"max"`
+	WaitSeconds  float64  `json:"wait_seconds"`
+}
+
+func (s *Server) claimTasks(w http.ResponseWriter, r *http.Request) {
+	var req claimRequest
+	if !decodeStrict(w, r, &req) {
+		return
+	}
+	if len(req.Types) == 0 {
+		badField(w, "types", "types must list at least one type or prefix (\"billing.%\")")
+		return
+	}
+	for i, t := range req.Types {
+		if t == "" || strings.Contains(strings.TrimSuffix(t, "%"), "%") {
+			badField(w, fmt.Sprintf("types[%d]", i), fmt.Sprintf("%q: use an exact type or a prefix ending in %%", t))
+			return
+		}
+	}
+	if req.LeaseSeconds == 0 {
+		req.LeaseSeconds = 30
+	}
+	if req.Max == 0 {
+		req.Max = 1
+	}
+	switch {
+	case req.LeaseSeconds < 1 || req.LeaseSeconds > 3600:
+		badField(w, "lease_seconds", "lease_seconds must be from 1 to 3600")
+		return
+	case req.Max < 1 || req.Max > 100:
+		badField(w, "max", "max must be from 1 to 100")
+		return
+	case req.WaitSeconds < 0 || req.WaitSeconds > 60:
+		badField(w, "wait_seconds", "wait_seconds must be from 0 to 60")
+		return
+	}
+	if req.WorkerID == "" {
+		req.WorkerID = "anonymous"
+	}
+	ts, err := s.rt.ClaimTasks(r.Context(), runtime.ClaimRequest{
+		Types: req.Types, WorkerID: req.WorkerID, Max: req.Max,
+		Lease: time.Duration(req.LeaseSeconds * float64(time.Second)),
+		Wait:  time.Duration(req.WaitSeconds * float64(time.Second)),
+	})
+	if err != nil {
+		if r.Context().Err() != nil {
+			return // the worker went away
+		}
+		s.writeErr(w, r, err)
+		return
+	}
+	if r.Context().Err() != nil {
+		// The worker hung up while we claimed: give the tasks back rather
+		// than leave them leased to nobody until the lease ends.
+		s.rt.ReleaseTasks(context.WithoutCancel(r.Context()), ts)
+		return
+	}
+	out := make([]any, 0, len(ts))
+	for _, t := range ts {
+		maxAttempts, _ := s.rt.TaskDefaults(r.Context(), t)
+		o := &ordered{}
+		o.set("id", t.ID)
+		o.set("type", t.Type)
+		o.set("payload", t.Payload)
+		o.set("attempt", t.Attempt)
+		o.set("max_attempts", maxAttempts)
+		o.set("lease_token", t.LeaseToken)
+		o.set("lease_until", utc(t.LeaseUntil))
+		o.set("run_id", nullable(t.RunID))
+		o.set("step", nullable(t.Step))
+		out = append(out, o)
+	}
+	writeData(w, http.StatusOK, out)
+}
+
+type heartbeatRequest struct {
+	LeaseToken   string  `json:"lease_token"`
+	LeaseSeconds float64 `json:"lease_seconds"`
+}
+
+func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
+	var req heartbeatRequest
+	if !decodeStrict(w, r, &req) {
+		return
+	}
+	if req.LeaseToken == "" {
+		badField(w, "lease_token", "lease_token is required")
+		return
+	}
+	if req.LeaseSeconds == 0 {
+		req.LeaseSeconds = 30
+	}
+	if req.LeaseSeconds < 1 || req.LeaseSeconds > 3600 {
+		badField(w, "lease_seconds", "lease_seconds must be from 1 to 3600")
+		return
+	}
+	res, err := s.rt.Heartbeat(r.Context(), r.PathValue("id"), req.LeaseToken, time.Duration(req.LeaseSeconds*float64(time.Second)))
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeData(w, http.StatusOK, map[string]any{"lease_until": res.LeaseUntil.UTC(), "cancel_requested": res.CancelRequested})
+}
+
+type completeRequest struct {
+	LeaseToken string          `json:"lease_token"`
+	Result     json.RawMessage `json:"result"`
+}
+
+func (s *Server) completeTask(w http.ResponseWriter, r *http.Request) {
+	var req completeRequest
+	if !decodeStrict(w, r, &req) {
+		return
+	}
+	if req.LeaseToken == "" {
+		badField(w, "lease_token", "lease_token is required")
+		return
+	}
+	t, err := s.rt.CompleteTask(r.Context(), r.PathValue("id"), req.LeaseToken, req.Result)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeData(w, http.StatusOK, s.taskJSON(r, t))
+}
+
+type failRequest struct {
+	LeaseToken string `json:"lease_token"`
+	Error      string `json:"error"`
+	Retryable  *bool  `json:"retryable"`
+}
+
+func (s *Server) failTask(w http.ResponseWriter, r *http.Request) {
+	var req failRequest
+	if !decodeStrict(w, r, &req) {
+		return
+	}
+	if req.LeaseToken == "" {
+		badField(w, "lease_token", "lease_token is required")
+		return
+	}
+	retryable := req.Retryable == nil || *req.Retryable
+	t, err := s.rt.FailTask(r.Context(), r.PathValue("id"), req.LeaseToken, req.Error, retryable)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeData(w, http.StatusOK, s.taskJSON(r, t))
+}
+
+// ---- task types ----
+
+type taskTypeRequest struct {
+	Description string          `json:"description"`
+	Enabled     *bool           `json:"enabled"`
+	MaxAttempts int             `json:"max_attempts"`
+	RetryDelay  json.RawMessage `json:"retry_delay"`
+}
+
+func taskTypeJSON(tt *store.TaskType) any {
+	o := &ordered{}
+	o.set("type", tt.Type)
+	o.set("description", tt.Description)
+	o.set("enabled", tt.Enabled)
+	if tt.MaxAttempts > 0 {
+		o.set("max_attempts", tt.MaxAttempts)
+	} else {
+		o.set("max_attempts", nil)
+	}
+	if tt.RetryDelay > 0 {
+		o.set("retry_delay", spec.FormatDuration(tt.RetryDelay))
+	} else {
+		o.set("retry_delay", nil)
+	}
+	o.set("created_at", tt.CreatedAt.UTC())
+	o.set("updated_at", tt.UpdatedAt.UTC())
+	return o
+}
+
+func (s *Server) putTaskType(w http.ResponseWriter, r *http.Request) {
+	typ := r.PathValue("type")
+	if !spec.ValidTaskType(typ) {
+		badField(w, "type", fmt.Sprintf("type %q must be a versioned name like \"billing.invoice.v1\"", typ))
+		return
+	}
+	var req taskTypeRequest
+	if !decodeStrict(w, r, &req) {
+		return
+	}
+	if req.MaxAttempts < 0 || req.MaxAttempts > 100 {
+		badField(w, "max_attempts", "max_attempts must be from 1 to 100")
+		return
+	}
+	tt := &store.TaskType{Type: typ, Description: req.Description, Enabled: req.Enabled == nil || *req.Enabled, MaxAttempts: req.MaxAttempts}
+	if len(req.RetryDelay) > 0 {
+		d, err := spec.DurationFromJSON(req.RetryDelay, time.Second)
+		if err != nil || d < time.Millisecond {
+			badField(w, "retry_delay", "retry_delay must be a duration of at least 1ms, like \"30s\", or seconds as a number")
+			return
+		}
+		tt.RetryDelay = d
+	}
+	got, err := s.st.PutTaskType(r.Context(), tt)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	s.rt.TaskTypesChanged()
+	writeData(w, http.StatusOK, taskTypeJSON(got))
+}
+
+func (s *Server) getTaskType(w http.ResponseWriter, r *http.Request) {
+	tt, err := s.st.GetTaskType(r.Context(), r.PathValue("type"))
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeData(w, http.StatusOK, taskTypeJSON(tt))
+}
+
+func (s *Server) listTaskTypes(w http.ResponseWriter, r *http.Request) {
+	tts, err := s.st.ListTaskTypes(r.Context())
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	out := make([]any, 0, len(tts))
+	for _, tt := range tts {
+		out = append(out, taskTypeJSON(tt))
+	}
+	writeData(w, http.StatusOK, out)
+}

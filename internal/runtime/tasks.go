@@ -1,0 +1,449 @@
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/ferryhq/ferry/internal/spec"
+	"github.com/ferryhq/ferry/internal/status"
+	"github.com/ferryhq/ferry/internal/store"
+)
+
+// Task errors callers branch on.
+var (
+	// ErrStaleLease: the lease token is not the task's current one (the
+	// lease expired and the task was claimed again, or the attempt was
+	// failed and retried). The holder of a finished task gets ErrTaskFinished.
+	ErrStaleLease = errors.New("stale lease token")
+	// ErrTaskFinished: the task already succeeded, failed or was cancelled.
+	ErrTaskFinished = errors.New("task already finished")
+	// ErrInvalidTask: a request to create a task is malformed.
+	ErrInvalidTask = errors.New("invalid task")
+)
+
+// Task defaults, following the durable-inbox design: attempt² × base delay
+// with up to 10% jitter.
+const (
+	DefaultTaskMaxAttempts = 5
+	DefaultTaskRetryDelay  = time.Minute
+	MaxTaskRetryDelay      = 24 * time.Hour
+	MaxClaimWait           = 60 * time.Second
+)
+
+// tasksReady wakes every waiting claim: tasks may have become claimable.
+func (r *Runtime) tasksReady() {
+	r.taskMu.Lock()
+	close(r.taskSig)
+	r.taskSig = make(chan struct{})
+	r.taskMu.Unlock()
+}
+
+func (r *Runtime) taskSignal() <-chan struct{} {
+	r.taskMu.Lock()
+	defer r.taskMu.Unlock()
+	return r.taskSig
+}
+
+// NewTask is a standalone task to create.
+type NewTask struct {
+	Type           string
+	Payload        json.RawMessage
+	Priority       *int
+	RunAt          *time.Time
+	IdempotencyKey string
+	MaxAttempts    int
+	RetryDelay     time.Duration
+}
+
+// CreateTask records a standalone intent; a repeated idempotency key returns
+// the first task and created=false.
+func (r *Runtime) CreateTask(ctx context.Context, nt NewTask) (*store.Task, bool, error) {
+	if !spec.ValidTaskType(nt.Type) {
+		return nil, false, fmt.Errorf("type %q must be a versioned name like billing.invoice.v1: %w", nt.Type, ErrInvalidTask)
+	}
+	if nt.MaxAttempts < 0 || nt.MaxAttempts > 100 {
+		return nil, false, fmt.Errorf("max_attempts must be from 1 to 100: %w", ErrInvalidTask)
+	}
+	now := r.clk.Now()
+	t := &store.Task{
+		ID: uuid.Must(uuid.NewV7()).String(), Type: nt.Type, Payload: nt.Payload, Status: status.TaskPending,
+		Priority: spec.DefaultTaskPriority, RunAt: now, IdempotencyKey: nt.IdempotencyKey,
+		MaxAttempts: nt.MaxAttempts, RetryDelay: nt.RetryDelay,
+	}
+	if len(t.Payload) == 0 || string(t.Payload) == "null" {
+		t.Payload = json.RawMessage("{}")
+	}
+	if nt.Priority != nil {
+		t.Priority = *nt.Priority
+	}
+	if nt.RunAt != nil && nt.RunAt.After(now) {
+		t.RunAt = *nt.RunAt
+	}
+	got, created, err := r.st.CreateTask(ctx, t, now)
+	if err == nil && created {
+		r.tasksReady()
+	}
+	return got, created, err
+}
+
+// TaskDefaults resolves a task's effective max attempts and retry delay: the
+// task's own, else its type's registry entry, else the defaults.
+func (r *Runtime) TaskDefaults(ctx context.Context, t *store.Task) (maxAttempts int, delay time.Duration) {
+	maxAttempts, delay = t.MaxAttempts, t.RetryDelay
+	if maxAttempts == 0 || delay == 0 {
+		if tt, err := r.st.GetTaskType(ctx, t.Type); err == nil {
+			if maxAttempts == 0 {
+				maxAttempts = tt.MaxAttempts
+			}
+			if delay == 0 {
+				delay = tt.RetryDelay
+			}
+		}
+	}
+	if maxAttempts == 0 {
+		maxAttempts = DefaultTaskMaxAttempts
+	}
+	if delay == 0 {
+		delay = DefaultTaskRetryDelay
+	}
+	return maxAttempts, delay
+}
+
+// TaskBackoff is the delay before the next attempt after attempt failed:
+// base × attempt², plus up to 10% jitter, capped.
+func TaskBackoff(attempt int, base time.Duration, rnd func() float64) time.Duration {
+	d := base * time.Duration(attempt*attempt)
+	if d > MaxTaskRetryDelay || d < 0 {
+		d = MaxTaskRetryDelay
+	}
+	return d + time.Duration(float64(d)*0.1*rnd())
+}
+
+// ClaimRequest asks for work for a worker.
+type ClaimRequest struct {
+	Types    []string // exact types or prefixes ending in %
+	WorkerID string
+	Lease    time.Duration
+	Max      int
+	Wait     time.Duration // long-poll up to this long when nothing is ready
+}
+
+// ClaimTasks leases ready tasks, waiting up to req.Wait for some to become
+// ready: a new task wakes the wait at once (locally, or through Postgres
+// NOTIFY), and a task whose run_at or lease end comes due wakes it on time.
+func (r *Runtime) ClaimTasks(ctx context.Context, req ClaimRequest) ([]*store.Task, error) {
+	if req.Max <= 0 {
+		req.Max = 1
+	}
+	if req.Lease <= 0 {
+		req.Lease = 30 * time.Second
+	}
+	wait := min(req.Wait, MaxClaimWait)
+	deadline := r.clk.Now().Add(wait)
+	for {
+		sig := r.taskSignal()
+		now := r.clk.Now()
+		got, err := r.st.ClaimTasks(ctx, store.ClaimTasks{Patterns: req.Types, WorkerID: req.WorkerID, Lease: req.Lease, Max: req.Max, Now: now})
+		if err != nil {
+			return nil, err
+		}
+		got = r.dropExhausted(ctx, got)
+		if len(got) > 0 || !now.Before(deadline) {
+			return got, nil
+		}
+		sleep := deadline.Sub(now)
+		if next, ok, err := r.st.NextTaskDue(ctx, req.Types, now); err == nil && ok {
+			if d := next.Sub(now); d < sleep {
+				sleep = max(d, time.Millisecond)
+			}
+		}
+		t := r.clk.NewTimer(sleep)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-r.draining:
+			t.Stop()
+			return nil, nil
+		case <-sig:
+		case <-t.C():
+		}
+		t.Stop()
+	}
+}
+
+// Drain ends every waiting claim with an empty answer, so a server can shut
+// down without holding workers' long-polls open.
+func (r *Runtime) Drain() { r.drainOnce.Do(func() { close(r.draining) }) }
+
+// ReleaseTasks hands back claimed tasks that never reached their worker (it
+// hung up during the long-poll): they become pending again and the attempt
+// is not counted.
+func (r *Runtime) ReleaseTasks(ctx context.Context, ts []*store.Task) {
+	for _, t := range ts {
+		err := r.st.InTask(ctx, t.ID, r.clk.Now(), func(tx store.TaskTx) error {
+			k := tx.Task()
+			if k.Status != status.TaskLeased || k.LeaseToken != t.LeaseToken {
+				return nil
+			}
+			k.Status, k.Attempt, k.LeaseToken, k.LeaseUntil, k.LeasedBy = status.TaskPending, k.Attempt-1, "", nil, ""
+			if err := tx.UpdateTask(k); err != nil {
+				return err
+			}
+			return tx.AppendTask(store.NewEvent{Type: "released", Data: map[string]any{"reason": "the claiming worker disconnected before receiving the task"}})
+		})
+		if err != nil {
+			r.log.Warn("releasing undelivered task failed", "task_id", t.ID, "err", err)
+		}
+	}
+	if len(ts) > 0 {
+		r.tasksReady()
+	}
+}
+
+// dropExhausted fails tasks reclaimed after their final attempt's lease ran
+// out (a worker crashed on every attempt) instead of handing them out again.
+func (r *Runtime) dropExhausted(ctx context.Context, ts []*store.Task) []*store.Task {
+	out := ts[:0]
+	for _, t := range ts {
+		maxAttempts, _ := r.TaskDefaults(ctx, t)
+		if t.Attempt <= maxAttempts {
+			out = append(out, t)
+			continue
+		}
+		err := r.st.InTask(ctx, t.ID, r.clk.Now(), func(tx store.TaskTx) error {
+			k := tx.Task()
+			if k.LeaseToken != t.LeaseToken {
+				return nil
+			}
+			return r.finishTask(ctx, tx, status.TaskFailed, nil, "lease expired on the final attempt; the worker never reported")
+		})
+		if err != nil {
+			r.log.Error("failing exhausted task", "task_id", t.ID, "err", err)
+		}
+	}
+	return out
+}
+
+// failExhaustedLeases fails tasks whose final attempt's lease ran out, so a
+// workflow step does not stay running when no worker comes to reclaim it.
+// Tasks with attempts left are left alone: the next claim takes them over.
+func (r *Runtime) failExhaustedLeases(ctx context.Context) {
+	now := r.clk.Now()
+	ts, err := r.st.ExpiredTaskLeases(ctx, now, 500)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.log.Warn("listing expired task leases failed", "err", err)
+		}
+		return
+	}
+	for _, t := range ts {
+		if maxAttempts, _ := r.TaskDefaults(ctx, t); t.Attempt < maxAttempts {
+			continue
+		}
+		err := r.st.InTask(ctx, t.ID, now, func(tx store.TaskTx) error {
+			k := tx.Task()
+			if k.Status != status.TaskLeased || k.LeaseToken != t.LeaseToken || k.LeaseUntil == nil || k.LeaseUntil.After(now) {
+				return nil // reported or reclaimed meanwhile
+			}
+			if err := tx.AppendTask(store.NewEvent{Type: "lease_expired", Data: map[string]any{"attempt": k.Attempt}}); err != nil {
+				return err
+			}
+			return r.finishTask(ctx, tx, status.TaskFailed, nil, "lease expired on the final attempt; the worker never reported")
+		})
+		if err != nil && ctx.Err() == nil {
+			r.log.Warn("failing exhausted task", "task_id", t.ID, "err", err)
+		}
+	}
+}
+
+// HeartbeatResult is what a heartbeat tells the worker.
+type HeartbeatResult struct {
+	LeaseUntil      time.Time
+	CancelRequested bool
+}
+
+// Heartbeat extends a lease and reports whether cancellation was requested.
+func (r *Runtime) Heartbeat(ctx context.Context, id, token string, lease time.Duration) (HeartbeatResult, error) {
+	if lease <= 0 {
+		lease = 30 * time.Second
+	}
+	var res HeartbeatResult
+	now := r.clk.Now()
+	err := r.st.InTask(ctx, id, now, func(tx store.TaskTx) error {
+		t := tx.Task()
+		if t.LeaseToken == "" || t.LeaseToken != token {
+			return fmt.Errorf("task %s: %w", id, ErrStaleLease)
+		}
+		if t.Status == status.TaskCancelled {
+			res = HeartbeatResult{LeaseUntil: derefTime(t.LeaseUntil), CancelRequested: true}
+			return nil
+		}
+		if t.Status != status.TaskLeased {
+			return fmt.Errorf("task %s is %s: %w", id, t.Status, ErrTaskFinished)
+		}
+		until := now.Add(lease)
+		t.LeaseUntil = &until
+		if err := tx.UpdateTask(t); err != nil {
+			return err
+		}
+		res = HeartbeatResult{LeaseUntil: until, CancelRequested: t.CancelRequested}
+		return tx.AppendTask(store.NewEvent{Type: "heartbeat", Data: map[string]any{"lease_until": until.UTC(), "extended_by_seconds": lease.Seconds()}})
+	})
+	return res, err
+}
+
+func derefTime(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return *t
+}
+
+// CompleteTask records a task's result; for a workflow step it becomes the
+// step's body and the run advances in the same transaction.
+func (r *Runtime) CompleteTask(ctx context.Context, id, token string, result json.RawMessage) (*store.Task, error) {
+	if len(result) == 0 {
+		result = json.RawMessage("null")
+	}
+	return r.reportTask(ctx, id, token, func(tx store.TaskTx) error {
+		return r.finishTask(ctx, tx, status.TaskSucceeded, result, "")
+	})
+}
+
+// FailTask records a failed attempt: retried with backoff while attempts
+// remain and the error is retryable, else the task fails.
+func (r *Runtime) FailTask(ctx context.Context, id, token, msg string, retryable bool) (*store.Task, error) {
+	if msg == "" {
+		msg = "worker reported failure"
+	}
+	return r.reportTask(ctx, id, token, func(tx store.TaskTx) error {
+		t := tx.Task()
+		maxAttempts, base := r.TaskDefaults(ctx, t)
+		if !retryable || t.Attempt >= maxAttempts {
+			return r.finishTask(ctx, tx, status.TaskFailed, nil, msg)
+		}
+		delay := TaskBackoff(t.Attempt, base, jitter)
+		// Microseconds, as stored, so the task returned equals the task read back.
+		t.Status, t.LastError, t.RunAt = status.TaskPending, msg, tx.Now().Add(delay).Truncate(time.Microsecond)
+		t.LeaseToken, t.LeaseUntil, t.LeasedBy = "", nil, ""
+		if err := tx.UpdateTask(t); err != nil {
+			return err
+		}
+		if run := tx.Run(); run != nil {
+			if s := run.Step(t.Step); s != nil && s.Status == status.StepRunning {
+				s.Attempt, s.Error = t.Attempt, msg
+				if err := run.UpdateStep(s); err != nil {
+					return err
+				}
+				if err := run.Append(store.NewEvent{Type: "step_retrying", Step: s.Name, Data: map[string]any{"attempt": t.Attempt, "error": msg, "retry_in_ms": delay.Milliseconds()}}); err != nil {
+					return err
+				}
+			}
+		}
+		return tx.AppendTask(store.NewEvent{Type: "retried", Data: map[string]any{"attempt": t.Attempt, "error": msg, "retry_in_ms": delay.Milliseconds(), "run_at": t.RunAt.UTC()}})
+	})
+}
+
+// reportTask runs a worker's report under the task's lock after checking
+// the lease token (the fence against stale workers).
+func (r *Runtime) reportTask(ctx context.Context, id, token string, fn func(tx store.TaskTx) error) (*store.Task, error) {
+	var out *store.Task
+	err := r.st.InTask(ctx, id, r.clk.Now(), func(tx store.TaskTx) error {
+		t := tx.Task()
+		if t.LeaseToken == "" || t.LeaseToken != token {
+			return fmt.Errorf("task %s: %w", id, ErrStaleLease)
+		}
+		if t.Status != status.TaskLeased {
+			return fmt.Errorf("task %s is %s: %w", id, t.Status, ErrTaskFinished)
+		}
+		if err := fn(tx); err != nil {
+			return err
+		}
+		out = tx.Task()
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.Nudge()
+	r.tasksReady()
+	return out, nil
+}
+
+// finishTask moves a task to a terminal status and, for a workflow step,
+// records the step's outcome and advances the run.
+func (r *Runtime) finishTask(ctx context.Context, tx store.TaskTx, final string, result json.RawMessage, msg string) error {
+	now := tx.Now()
+	t := tx.Task()
+	t.Status, t.Result, t.LastError, t.FinishedAt = final, result, msg, &now
+	if final != status.TaskCancelled {
+		// The token is kept: a repeated report from the worker that held
+		// the lease is told ErrTaskFinished, while others get ErrStaleLease.
+		t.LeaseUntil = nil
+	}
+	if err := tx.UpdateTask(t); err != nil {
+		return err
+	}
+	data := map[string]any{"attempt": t.Attempt}
+	if msg != "" {
+		data["error"] = msg
+	}
+	if err := tx.AppendTask(store.NewEvent{Type: final, Data: data}); err != nil {
+		return err
+	}
+	run := tx.Run()
+	if run == nil {
+		return nil
+	}
+	s := run.Step(t.Step)
+	if s == nil || s.Status != status.StepRunning || status.RunTerminal(run.Run().Status) {
+		return nil
+	}
+	ch := &changes{now: now, runID: run.Run().ID}
+	ch.touch(s)
+	s.Attempt, s.FinishedAt = t.Attempt, &now
+	switch final {
+	case status.TaskSucceeded:
+		s.Status, s.Body, s.Error = status.StepSuccess, result, ""
+		ch.events = append(ch.events, store.NewEvent{Type: "step_succeeded", Step: s.Name, Data: map[string]any{"task_id": t.ID, "attempt": t.Attempt}})
+	case status.TaskCancelled:
+		s.Status, s.Error = status.StepCancelled, msg
+		ch.events = append(ch.events, store.NewEvent{Type: "step_failed", Step: s.Name, Data: map[string]any{"status": s.Status, "error": msg, "task_id": t.ID}})
+	default:
+		s.Status, s.Error = status.StepFailed, msg
+		ch.events = append(ch.events, store.NewEvent{Type: "step_failed", Step: s.Name, Data: map[string]any{"status": s.Status, "error": msg, "task_id": t.ID, "attempt": t.Attempt}})
+	}
+	return r.advance(ctx, run, ch)
+}
+
+// CancelTask cancels a task cooperatively: a pending task is never handed
+// out; a leased one is marked cancelled and its worker learns it at the next
+// heartbeat (its later report is refused).
+func (r *Runtime) CancelTask(ctx context.Context, id string) (*store.Task, error) {
+	var out *store.Task
+	err := r.st.InTask(ctx, id, r.clk.Now(), func(tx store.TaskTx) error {
+		t := tx.Task()
+		if status.TaskTerminal(t.Status) {
+			return fmt.Errorf("task %s is %s: %w", id, t.Status, ErrTaskFinished)
+		}
+		t.CancelRequested = true
+		if err := r.finishTask(ctx, tx, status.TaskCancelled, nil, "task cancelled"); err != nil {
+			return err
+		}
+		out = tx.Task()
+		return nil
+	})
+	if err == nil {
+		r.Nudge()
+	}
+	return out, err
+}
+
+// TaskTypesChanged wakes waiting claims: a type may have been enabled.
+func (r *Runtime) TaskTypesChanged() { r.tasksReady() }

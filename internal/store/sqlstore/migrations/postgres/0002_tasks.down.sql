@@ -1,0 +1,2 @@
+DROP TABLE task_types;
+DROP TABLE tasks;

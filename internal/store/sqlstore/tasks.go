@@ -1,0 +1,469 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/status"
+	"github.com/ferryhq/ferry/internal/store"
+)
+
+const taskCols = `id, type, payload, status, priority, run_at, idempotency_key, attempt, max_attempts, retry_delay_ms, leased_by, lease_token, lease_until, reclaimed, cancel_requested, last_error, result, run_id, step, created_at, updated_at, finished_at`
+
+func scanTask(row interface{ Scan(...any) error }) (*store.Task, error) {
+	var t store.Task
+	var payload string
+	var idem, tok, result, runID sql.NullString
+	var runAt, created, updated, delay int64
+	var leaseUntil, finished sql.NullInt64
+	if err := row.Scan(&t.ID, &t.Type, &payload, &t.Status, &t.Priority, &runAt, &idem, &t.Attempt, &t.MaxAttempts, &delay, &t.LeasedBy, &tok, &leaseUntil, &t.Reclaimed, &t.CancelRequested, &t.LastError, &result, &runID, &t.Step, &created, &updated, &finished); err != nil {
+		return nil, err
+	}
+	t.Payload = json.RawMessage(payload)
+	t.RunAt, t.CreatedAt, t.UpdatedAt = fromTS(runAt), fromTS(created), fromTS(updated)
+	t.IdempotencyKey, t.LeaseToken, t.RunID = idem.String, tok.String, runID.String
+	t.RetryDelay = time.Duration(delay) * time.Millisecond
+	t.LeaseUntil, t.FinishedAt = fromNullTS(leaseUntil), fromNullTS(finished)
+	if result.Valid {
+		t.Result = json.RawMessage(result.String)
+	}
+	return &t, nil
+}
+
+func nullJSON(b json.RawMessage) any {
+	if b == nil {
+		return nil
+	}
+	return string(b)
+}
+
+func (s *Store) insertTask(ctx context.Context, tx execer, t *store.Task, now time.Time) error {
+	if t.ID == "" {
+		t.ID = newID()
+	}
+	t.CreatedAt, t.UpdatedAt = now, now
+	if t.Status == "" {
+		t.Status = status.TaskPending
+	}
+	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO tasks (`+taskCols+`, event_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)`),
+		t.ID, t.Type, string(t.Payload), t.Status, t.Priority, ts(t.RunAt), nullStr(t.IdempotencyKey), t.Attempt, t.MaxAttempts, t.RetryDelay.Milliseconds(),
+		t.LeasedBy, nullStr(t.LeaseToken), tsPtr(t.LeaseUntil), t.Reclaimed, t.CancelRequested, t.LastError, nullJSON(t.Result), nullStr(t.RunID), t.Step,
+		ts(now), ts(now), tsPtr(t.FinishedAt))
+	if err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, s.q(`INSERT INTO events (run_id, seq, type, step, data, at) VALUES (?, 1, 'created', '', ?, ?)`),
+		t.ID, createdData(t), ts(now))
+	return err
+}
+
+func createdData(t *store.Task) string {
+	d := map[string]any{"type": t.Type}
+	if t.RunID != "" {
+		d["run_id"], d["step"] = t.RunID, t.Step
+	}
+	return mustJSON(d)
+}
+
+func mustJSON(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+// CreateTask inserts a standalone task, idempotently by key.
+func (s *Store) CreateTask(ctx context.Context, t *store.Task, now time.Time) (*store.Task, bool, error) {
+	if t.IdempotencyKey != "" {
+		if existing, err := s.taskByKey(ctx, t.IdempotencyKey); err == nil {
+			return existing, false, nil
+		}
+	}
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, false, err
+	}
+	defer tx.Rollback() //nolint:errcheck
+	if err := s.insertTask(ctx, tx, t, now); err != nil {
+		if t.IdempotencyKey != "" && s.d.IsUnique(err) {
+			_ = tx.Rollback()
+			existing, err := s.taskByKey(ctx, t.IdempotencyKey)
+			return existing, false, err
+		}
+		return nil, false, fmt.Errorf("insert task: %w", err)
+	}
+	if s.d.AfterEnqueue != "" {
+		if _, err := tx.ExecContext(ctx, s.d.AfterEnqueue); err != nil {
+			return nil, false, err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, false, err
+	}
+	got, err := s.GetTask(ctx, t.ID)
+	return got, true, err
+}
+
+func (s *Store) taskByKey(ctx context.Context, key string) (*store.Task, error) {
+	t, err := scanTask(s.w.QueryRowContext(ctx, s.q(`SELECT `+taskCols+` FROM tasks WHERE idempotency_key = ?`), key))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("task with key %q: %w", key, store.ErrNotFound)
+	}
+	return t, err
+}
+
+// GetTask reads one task.
+func (s *Store) GetTask(ctx context.Context, id string) (*store.Task, error) {
+	t, err := scanTask(s.r.QueryRowContext(ctx, s.q(`SELECT `+taskCols+` FROM tasks WHERE id = ?`), id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("task %q: %w", id, store.ErrNotFound)
+	}
+	return t, err
+}
+
+// likePattern turns "billing.%" into a LIKE pattern with the prefix's own
+// wildcards escaped; a pattern without a trailing % matches exactly.
+func likePattern(p string) string {
+	prefix, wild := strings.CutSuffix(p, "%")
+	r := strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`)
+	out := r.Replace(prefix)
+	if wild {
+		out += "%"
+	}
+	return out
+}
+
+func (s *Store) typeFilter(patterns []string) (string, []any) {
+	if len(patterns) == 0 {
+		return "1=1", nil
+	}
+	parts := make([]string, len(patterns))
+	args := make([]any, len(patterns))
+	for i, p := range patterns {
+		parts[i] = `type LIKE ? ESCAPE '\'`
+		args[i] = likePattern(p)
+	}
+	return "(" + strings.Join(parts, " OR ") + ")", args
+}
+
+const claimableTasks = `((status = 'pending' AND run_at <= ?) OR (status = 'leased' AND lease_until <= ?))
+	AND type NOT IN (SELECT type FROM task_types WHERE enabled = FALSE)`
+
+// ClaimTasks leases tasks in one statement and records the events.
+func (s *Store) ClaimTasks(ctx context.Context, req store.ClaimTasks) ([]*store.Task, error) {
+	if req.Max <= 0 {
+		return nil, nil
+	}
+	filter, fargs := s.typeFilter(req.Patterns)
+	tok := token()
+	until := req.Now.Add(req.Lease)
+	now := ts(req.Now)
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback() //nolint:errcheck
+	args := []any{req.WorkerID, tok, ts(until), now}
+	args = append(args, now, now)
+	args = append(args, fargs...)
+	args = append(args, req.Max)
+	rows, err := tx.QueryContext(ctx, s.q(`UPDATE tasks SET
+			reclaimed = (status = 'leased'),
+			status = 'leased', leased_by = ?, lease_token = ?, lease_until = ?, attempt = attempt + 1, updated_at = ?,
+			event_seq = event_seq + CASE WHEN status = 'leased' THEN 2 ELSE 1 END
+		WHERE id IN (SELECT id FROM tasks WHERE `+claimableTasks+` AND `+filter+`
+			ORDER BY priority, run_at, created_at LIMIT ?`+s.d.SkipLocked+`)
+		RETURNING `+taskCols+`, event_seq`), args...)
+	if err != nil {
+		return nil, fmt.Errorf("claim tasks: %w", err)
+	}
+	var out []*store.Task
+	var seqs []int64
+	for rows.Next() {
+		var seq int64
+		t, err := scanTask(scanTail{rows, &seq})
+		if err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out = append(out, t)
+		seqs = append(seqs, seq)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for i, t := range out {
+		seq := seqs[i]
+		if t.Reclaimed {
+			if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO events (run_id, seq, type, step, data, at) VALUES (?, ?, 'lease_expired', '', ?, ?)`),
+				t.ID, seq-1, mustJSON(map[string]any{"attempt": t.Attempt - 1}), now); err != nil {
+				return nil, err
+			}
+		}
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO events (run_id, seq, type, step, data, at) VALUES (?, ?, 'claimed', '', ?, ?)`),
+			t.ID, seq, mustJSON(map[string]any{"worker_id": req.WorkerID, "attempt": t.Attempt, "lease_until": until.UTC()}), now); err != nil {
+			return nil, err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, err
+	}
+	// RETURNING yields rows in storage order; hand them out in claim order.
+	sort.SliceStable(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		if a.Priority != b.Priority {
+			return a.Priority < b.Priority
+		}
+		if !a.RunAt.Equal(b.RunAt) {
+			return a.RunAt.Before(b.RunAt)
+		}
+		return a.CreatedAt.Before(b.CreatedAt)
+	})
+	return out, nil
+}
+
+// scanTail scans a task followed by extra columns.
+type scanTail struct {
+	rows  *sql.Rows
+	extra *int64
+}
+
+func (s scanTail) Scan(dest ...any) error { return s.rows.Scan(append(dest, s.extra)...) }
+
+// NextTaskDue finds the next moment a matching task becomes claimable.
+func (s *Store) NextTaskDue(ctx context.Context, patterns []string, now time.Time) (time.Time, bool, error) {
+	filter, fargs := s.typeFilter(patterns)
+	// Only moments after now: a task that is already claimable is not
+	// "next" (a claim would have taken it).
+	args := append(append([]any{}, fargs...), ts(now))
+	var v sql.NullInt64
+	err := s.r.QueryRowContext(ctx, s.q(`SELECT MIN(CASE WHEN status = 'pending' THEN run_at ELSE lease_until END) FROM tasks
+		WHERE status IN ('pending', 'leased') AND `+filter+`
+		AND CASE WHEN status = 'pending' THEN run_at ELSE lease_until END > ?
+		AND type NOT IN (SELECT type FROM task_types WHERE enabled = FALSE)`), args...).Scan(&v)
+	if err != nil || !v.Valid {
+		return time.Time{}, false, err
+	}
+	return fromTS(v.Int64), true, nil
+}
+
+// InTask locks the task's run (if any) and then the task.
+func (s *Store) InTask(ctx context.Context, id string, now time.Time, fn func(store.TaskTx) error) error {
+	var runID sql.NullString
+	err := s.w.QueryRowContext(ctx, s.q(`SELECT run_id FROM tasks WHERE id = ?`), id).Scan(&runID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("task %q: %w", id, store.ErrNotFound)
+	}
+	if err != nil {
+		return err
+	}
+	if runID.Valid {
+		return s.InRun(ctx, runID.String, now, func(rt store.RunTx) error {
+			r := rt.(*runTx)
+			return s.withTask(ctx, r.tx, id, now, r, fn)
+		})
+	}
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck
+	if err := s.withTask(ctx, tx, id, now, nil, fn); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+func (s *Store) withTask(ctx context.Context, tx *sql.Tx, id string, now time.Time, run *runTx, fn func(store.TaskTx) error) error {
+	var seq int64
+	t, err := scanTask(rowTail{tx.QueryRowContext(ctx, s.q(`SELECT `+taskCols+`, event_seq FROM tasks WHERE id = ?`+s.d.LockRun), id), &seq})
+	if errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("task %q: %w", id, store.ErrNotFound)
+	}
+	if err != nil {
+		return err
+	}
+	tt := &taskTx{s: s, ctx: ctx, tx: tx, task: t, now: now, seq: seq, startSeq: seq}
+	if run != nil {
+		tt.run = run
+	}
+	if err := fn(tt); err != nil {
+		return err
+	}
+	if tt.seq != tt.startSeq {
+		if _, err := tx.ExecContext(ctx, s.q(`UPDATE tasks SET event_seq = ? WHERE id = ?`), tt.seq, id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type rowTail struct {
+	row   *sql.Row
+	extra *int64
+}
+
+func (r rowTail) Scan(dest ...any) error { return r.row.Scan(append(dest, r.extra)...) }
+
+type taskTx struct {
+	s        *Store
+	ctx      context.Context
+	tx       *sql.Tx
+	task     *store.Task
+	run      *runTx
+	now      time.Time
+	seq      int64
+	startSeq int64
+}
+
+func (t *taskTx) Task() *store.Task { return t.task }
+
+func (t *taskTx) Now() time.Time { return t.now }
+
+func (t *taskTx) Run() store.RunTx {
+	if t.run == nil {
+		return nil
+	}
+	return t.run
+}
+
+func (t *taskTx) UpdateTask(k *store.Task) error {
+	_, err := t.tx.ExecContext(t.ctx, t.s.q(`UPDATE tasks SET status = ?, run_at = ?, attempt = ?, leased_by = ?, lease_token = ?, lease_until = ?, reclaimed = ?, cancel_requested = ?, last_error = ?, result = ?, updated_at = ?, finished_at = ? WHERE id = ?`),
+		k.Status, ts(k.RunAt), k.Attempt, k.LeasedBy, nullStr(k.LeaseToken), tsPtr(k.LeaseUntil), k.Reclaimed, k.CancelRequested, k.LastError, nullJSON(k.Result), ts(t.now), tsPtr(k.FinishedAt), k.ID)
+	if err != nil {
+		return fmt.Errorf("update task: %w", err)
+	}
+	k.UpdatedAt = t.now
+	t.task = k
+	return nil
+}
+
+func (t *taskTx) AppendTask(events ...store.NewEvent) error {
+	return t.s.appendEvents(t.ctx, t.tx, t.task.ID, &t.seq, t.now, events)
+}
+
+// CreateTask inserts a step's task inside the run's transaction.
+func (t *runTx) CreateTask(k *store.Task) error {
+	k.RunID = t.run.ID
+	if err := t.s.insertTask(t.ctx, t.tx, k, t.now); err != nil {
+		return fmt.Errorf("insert task: %w", err)
+	}
+	if t.s.d.AfterEnqueue != "" {
+		if _, err := t.tx.ExecContext(t.ctx, t.s.d.AfterEnqueue); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CancelTasks cancels the run's unfinished tasks.
+func (t *runTx) CancelTasks() error {
+	rows, err := t.tx.QueryContext(t.ctx, t.s.q(`UPDATE tasks SET status = 'cancelled', cancel_requested = TRUE, finished_at = ?, updated_at = ?, event_seq = event_seq + 1
+		WHERE run_id = ? AND status IN ('pending', 'leased') RETURNING id, event_seq`), ts(t.now), ts(t.now), t.run.ID)
+	if err != nil {
+		return fmt.Errorf("cancel tasks: %w", err)
+	}
+	type ev struct {
+		id  string
+		seq int64
+	}
+	var evs []ev
+	for rows.Next() {
+		var e ev
+		if err := rows.Scan(&e.id, &e.seq); err != nil {
+			rows.Close()
+			return err
+		}
+		evs = append(evs, e)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, e := range evs {
+		if _, err := t.tx.ExecContext(t.ctx, t.s.q(`INSERT INTO events (run_id, seq, type, step, data, at) VALUES (?, ?, 'cancelled', '', ?, ?)`),
+			e.id, e.seq, mustJSON(map[string]any{"reason": "run cancelled"}), ts(t.now)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ---- task types ----
+
+// PutTaskType creates or replaces a registry entry.
+func (s *Store) PutTaskType(ctx context.Context, tt *store.TaskType) (*store.TaskType, error) {
+	now := ts(time.Now())
+	_, err := s.w.ExecContext(ctx, s.q(`INSERT INTO task_types (type, description, enabled, max_attempts, retry_delay_ms, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (type) DO UPDATE SET description = excluded.description, enabled = excluded.enabled, max_attempts = excluded.max_attempts, retry_delay_ms = excluded.retry_delay_ms, updated_at = excluded.updated_at`),
+		tt.Type, tt.Description, tt.Enabled, tt.MaxAttempts, tt.RetryDelay.Milliseconds(), now, now)
+	if err != nil {
+		return nil, fmt.Errorf("put task type: %w", err)
+	}
+	if tt.Enabled && s.d.AfterEnqueue != "" {
+		// Waiting tasks of a re-enabled type are claimable now.
+		_, _ = s.w.ExecContext(ctx, s.d.AfterEnqueue)
+	}
+	return s.GetTaskType(ctx, tt.Type)
+}
+
+func scanTaskType(row interface{ Scan(...any) error }) (*store.TaskType, error) {
+	var tt store.TaskType
+	var delay, created, updated int64
+	if err := row.Scan(&tt.Type, &tt.Description, &tt.Enabled, &tt.MaxAttempts, &delay, &created, &updated); err != nil {
+		return nil, err
+	}
+	tt.RetryDelay = time.Duration(delay) * time.Millisecond
+	tt.CreatedAt, tt.UpdatedAt = fromTS(created), fromTS(updated)
+	return &tt, nil
+}
+
+// GetTaskType reads a registry entry.
+func (s *Store) GetTaskType(ctx context.Context, typ string) (*store.TaskType, error) {
+	tt, err := scanTaskType(s.r.QueryRowContext(ctx, s.q(`SELECT type, description, enabled, max_attempts, retry_delay_ms, created_at, updated_at FROM task_types WHERE type = ?`), typ))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("task type %q: %w", typ, store.ErrNotFound)
+	}
+	return tt, err
+}
+
+// ListTaskTypes lists the registry by type.
+func (s *Store) ListTaskTypes(ctx context.Context) ([]*store.TaskType, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT type, description, enabled, max_attempts, retry_delay_ms, created_at, updated_at FROM task_types ORDER BY type`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*store.TaskType
+	for rows.Next() {
+		tt, err := scanTaskType(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, tt)
+	}
+	return out, rows.Err()
+}
+
+// ExpiredTaskLeases lists leased tasks whose lease has ended.
+func (s *Store) ExpiredTaskLeases(ctx context.Context, now time.Time, limit int) ([]*store.Task, error) {
+	rows, err := s.r.QueryContext(ctx, s.q(`SELECT `+taskCols+` FROM tasks WHERE status = 'leased' AND lease_until <= ? ORDER BY lease_until LIMIT ?`), ts(now), limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*store.Task
+	for rows.Next() {
+		t, err := scanTask(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,995 @@
+package storetest
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/status"
+	"github.com/ferryhq/ferry/internal/store"
+)
+
+var taskTests = []test{
+	{"CreateWritesCreatedEvent", testTaskCreate},
+	{"CreateIdempotencyKeyReturnsFirst", testTaskCreateIdempotent},
+	{"CreateIdempotencyKeyConcurrent", testTaskCreateIdempotentConcurrent},
+	{"GetUnknownIsNotFound", testTaskGetUnknown},
+	{"ClaimOrderPriorityRunAtCreated", testTaskClaimOrder},
+	{"ClaimPrefixRouting", testTaskClaimRouting},
+	{"ClaimNotYetDue", testTaskClaimNotDue},
+	{"ClaimSetsLeaseAndEvent", testTaskClaimLease},
+	{"LeaseExpiryReclaim", testTaskLeaseExpiry},
+	{"DisabledTypesWait", testTaskDisabledTypes},
+	{"FinishedNeverClaimed", testTaskFinishedNeverClaimed},
+	{"ConcurrentClaimsExactlyOnce", testTaskClaimConcurrent},
+	{"NextTaskDue", testNextTaskDue},
+	{"InTaskStandalone", testInTaskStandalone},
+	{"InTaskOfRun", testInTaskOfRun},
+	{"InTaskErrorRollsBack", testInTaskRollback},
+	{"UpdateTaskRoundTrip", testUpdateTaskRoundTrip},
+	{"AppendTaskContinuesSeq", testAppendTaskSeq},
+	{"CancelTasksOnlyThatRun", testCancelTasks},
+	{"TaskTypes", testTaskTypes},
+}
+
+// newTask is a pending standalone task of typ, due at runAt.
+func newTask(typ string, runAt time.Time) *store.Task {
+	return &store.Task{Type: typ, Payload: json.RawMessage(`{"n":1}`), Status: status.TaskPending, Priority: 100, RunAt: runAt}
+}
+
+// mkTask creates t at now and fails unless it was created.
+func mkTask(t *testing.T, s store.Store, k *store.Task, now time.Time) *store.Task {
+	t.Helper()
+	got, created, err := s.CreateTask(t.Context(), k, now)
+	must(t, err, "CreateTask "+k.Type)
+	if !created {
+		t.Fatalf("CreateTask %s: created=false for a new task", k.Type)
+	}
+	if got == nil || got.ID == "" {
+		t.Fatalf("CreateTask %s returned %+v without an id", k.Type, got)
+	}
+	return got
+}
+
+func getTask(t *testing.T, s store.Store, id string) *store.Task {
+	t.Helper()
+	k, err := s.GetTask(t.Context(), id)
+	must(t, err, "GetTask "+id)
+	return k
+}
+
+func claimTasks(t *testing.T, s store.Store, patterns []string, worker string, now time.Time, lease time.Duration, n int) []*store.Task {
+	t.Helper()
+	got, err := s.ClaimTasks(t.Context(), store.ClaimTasks{Patterns: patterns, WorkerID: worker, Lease: lease, Max: n, Now: now})
+	must(t, err, "ClaimTasks")
+	if len(got) > n {
+		t.Fatalf("ClaimTasks with Max %d returned %d tasks", n, len(got))
+	}
+	return got
+}
+
+func taskIDs(ts []*store.Task) []string {
+	out := make([]string, len(ts))
+	for i, k := range ts {
+		out[i] = k.ID
+	}
+	return out
+}
+
+func taskTypes(ts []*store.Task) []string {
+	out := make([]string, len(ts))
+	for i, k := range ts {
+		out[i] = k.Type
+	}
+	sort.Strings(out)
+	return out
+}
+
+func eventTypes(evs []*store.Event) []string {
+	out := make([]string, len(evs))
+	for i, e := range evs {
+		out[i] = e.Type
+	}
+	return out
+}
+
+// eventData decodes an event's data object.
+func eventData(t *testing.T, e *store.Event) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(e.Data, &m); err != nil {
+		t.Fatalf("event %d (%s) data %q: %v", e.Seq, e.Type, e.Data, err)
+	}
+	return m
+}
+
+// setTask writes k's mutable columns in InTask at now.
+func setTask(t *testing.T, s store.Store, id string, now time.Time, fn func(k *store.Task)) {
+	t.Helper()
+	must(t, s.InTask(t.Context(), id, now, func(tx store.TaskTx) error {
+		k := *tx.Task()
+		fn(&k)
+		return tx.UpdateTask(&k)
+	}), "InTask "+id)
+}
+
+func testTaskCreate(t *testing.T, s store.Store) {
+	now := at(3*time.Second + 5*time.Microsecond)
+	in := &store.Task{
+		Type:        "billing.invoice.v1",
+		Payload:     json.RawMessage(`{"customer":"c-1","amount":1250,"note":"caf\u00e9 ☕"}`),
+		Status:      status.TaskPending,
+		Priority:    7,
+		RunAt:       at(time.Minute),
+		MaxAttempts: 4,
+		RetryDelay:  90 * time.Second,
+	}
+	got := mkTask(t, s, in, now)
+	want := &store.Task{
+		ID: got.ID, Type: in.Type, Payload: in.Payload, Status: status.TaskPending, Priority: 7, RunAt: at(time.Minute),
+		MaxAttempts: 4, RetryDelay: 90 * time.Second, CreatedAt: now, UpdatedAt: now,
+	}
+	diff(t, "created task", want, got)
+	diff(t, "GetTask", want, getTask(t, s, got.ID))
+
+	evs := events(t, s, got.ID)
+	if len(evs) != 1 {
+		t.Fatalf("events after CreateTask = %v, want one created event", eventTypes(evs))
+	}
+	e := evs[0]
+	if e.RunID != got.ID || e.Seq != 1 || e.Type != "created" || !e.At.Equal(now) {
+		t.Errorf("created event = %+v, want {RunID:%s Seq:1 Type:created At:%v}", e, got.ID, now)
+	}
+	diff(t, "created event data", map[string]any{"type": "billing.invoice.v1"}, eventData(t, e))
+
+	// A second task gets its own id and its own sequence.
+	other := mkTask(t, s, newTask("billing.invoice.v1", t0), now)
+	if other.ID == got.ID {
+		t.Fatal("two tasks got the same id")
+	}
+	diff(t, "second task's event seqs", []int64{1}, seqs(events(t, s, other.ID)))
+}
+
+func testTaskCreateIdempotent(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	first := newTask("billing.invoice.v1", t0)
+	first.IdempotencyKey = "invoice-42"
+	a := mkTask(t, s, first, t0)
+	if a.IdempotencyKey != "invoice-42" {
+		t.Errorf("IdempotencyKey = %q, want invoice-42", a.IdempotencyKey)
+	}
+
+	again := newTask("billing.refund.v1", at(time.Hour))
+	again.IdempotencyKey = "invoice-42"
+	again.Payload = json.RawMessage(`{"different":true}`)
+	again.Priority = 1
+	b, created, err := s.CreateTask(ctx, again, at(time.Second))
+	must(t, err, "CreateTask with a used key")
+	if created {
+		t.Error("created = true for a repeated idempotency key")
+	}
+	diff(t, "task returned for a repeated key (the first one)", a, b)
+	diff(t, "first task unchanged", a, getTask(t, s, a.ID))
+	diff(t, "events of the first task", []string{"created"}, eventTypes(events(t, s, a.ID)))
+
+	// Exactly one task exists: a claim of everything finds only it.
+	got := claimTasks(t, s, []string{"%"}, "w", far, time.Minute, 100)
+	diff(t, "tasks after the repeated key", []string{a.ID}, taskIDs(got))
+
+	// Another key is another task.
+	third := newTask("billing.invoice.v1", t0)
+	third.IdempotencyKey = "invoice-43"
+	c := mkTask(t, s, third, t0)
+	if c.ID == a.ID {
+		t.Error("a different idempotency key returned the first task")
+	}
+	// Tasks without a key never collide.
+	d := mkTask(t, s, newTask("billing.invoice.v1", t0), t0)
+	e := mkTask(t, s, newTask("billing.invoice.v1", t0), t0)
+	if d.ID == e.ID {
+		t.Error("two tasks without a key share an id")
+	}
+}
+
+func testTaskCreateIdempotentConcurrent(t *testing.T, s store.Store) {
+	const n = 8
+	results := make([]*store.Task, n)
+	createdFlags := make([]bool, n)
+	errs := make([]error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			k := newTask("billing.invoice.v1", t0)
+			k.IdempotencyKey = "same-key"
+			k.Payload = json.RawMessage(fmt.Sprintf(`{"creator":%d}`, i))
+			results[i], createdFlags[i], errs[i] = s.CreateTask(t.Context(), k, t0)
+		})
+	}
+	close(start)
+	wg.Wait()
+	winners := 0
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("creator %d: %v", i, errs[i])
+		}
+		if createdFlags[i] {
+			winners++
+		}
+	}
+	if winners != 1 {
+		t.Errorf("%d creators got created=true, want exactly 1", winners)
+	}
+	for i := range n {
+		if results[i] == nil || results[i].ID != results[0].ID {
+			t.Fatalf("creator %d got task %+v, want the same task as creator 0 (%s)", i, results[i], results[0].ID)
+		}
+	}
+	got := claimTasks(t, s, []string{"%"}, "w", far, time.Minute, 100)
+	diff(t, "tasks in the store (exactly one row)", []string{results[0].ID}, taskIDs(got))
+	diff(t, "events of the task", []string{"created", "claimed"}, eventTypes(events(t, s, results[0].ID)))
+}
+
+func testTaskGetUnknown(t *testing.T, s store.Store) {
+	_, err := s.GetTask(t.Context(), "0190c3a2-0000-7000-8000-000000000000")
+	wantErr(t, err, store.ErrNotFound, "GetTask(unknown)")
+	err = s.InTask(t.Context(), "0190c3a2-0000-7000-8000-000000000000", t0, func(store.TaskTx) error {
+		t.Error("InTask called fn for an unknown task")
+		return nil
+	})
+	wantErr(t, err, store.ErrNotFound, "InTask(unknown)")
+}
+
+func testTaskClaimOrder(t *testing.T, s store.Store) {
+	// Inserted in an order that matches neither the claim order nor
+	// created_at, so neither ids nor physical order can explain the result.
+	type spec struct {
+		name     string
+		priority int
+		runAt    time.Duration
+		created  time.Duration
+	}
+	specs := []spec{
+		{"late-low-prio", 9, 0, 0},
+		{"mid-runat3", 5, 3 * time.Second, 1 * time.Second},
+		{"mid-runat1-created2", 5, 1 * time.Second, 2 * time.Second},
+		{"urgent", 1, 5 * time.Second, 3 * time.Second},
+		{"mid-runat1-created1", 5, 1 * time.Second, 1*time.Second + time.Microsecond},
+		{"mid-runat1-created0", 5, 1 * time.Second, 500 * time.Millisecond},
+	}
+	byID := map[string]string{}
+	for _, sp := range specs {
+		k := newTask("order.x.v1", at(sp.runAt))
+		k.Priority = sp.priority
+		k.Payload = json.RawMessage(fmt.Sprintf(`{"name":%q}`, sp.name))
+		got := mkTask(t, s, k, at(sp.created))
+		byID[got.ID] = sp.name
+	}
+	names := func(ts []*store.Task) []string {
+		out := make([]string, len(ts))
+		for i, k := range ts {
+			out[i] = byID[k.ID]
+		}
+		return out
+	}
+	now := at(10 * time.Second)
+	first := claimTasks(t, s, []string{"order.%"}, "w", now, time.Minute, 2)
+	diff(t, "first claim (max 2)", []string{"urgent", "mid-runat1-created0"}, names(first))
+	second := claimTasks(t, s, []string{"order.%"}, "w", now, time.Minute, 3)
+	diff(t, "second claim (max 3)", []string{"mid-runat1-created1", "mid-runat1-created2", "mid-runat3"}, names(second))
+	third := claimTasks(t, s, []string{"order.%"}, "w", now, time.Minute, 10)
+	diff(t, "third claim", []string{"late-low-prio"}, names(third))
+	if rest := claimTasks(t, s, []string{"order.%"}, "w", now, time.Minute, 10); len(rest) != 0 {
+		t.Errorf("claim with everything leased returned %v", names(rest))
+	}
+
+	// After every lease expired, one at a time in the same order.
+	var one []string
+	for range specs {
+		got := claimTasks(t, s, []string{"order.%"}, "w", far, time.Minute, 1)
+		one = append(one, names(got)...)
+	}
+	diff(t, "claims of one after the leases expired", []string{"urgent", "mid-runat1-created0", "mid-runat1-created1", "mid-runat1-created2", "mid-runat3", "late-low-prio"}, one)
+}
+
+func testTaskClaimRouting(t *testing.T, s store.Store) {
+	types := []string{
+		"billing.invoice.v1", "billing.refund.v2", "billingx.a.v1", "payments.x.v1", "payments.card.v1",
+		"a_b.c.v1", "axb.c.v1", "exact.type.v1", "exact.type.v10", "exact.type.v1.sub.v1",
+		"pct%.a.v1", "pctx.a.v1",
+	}
+	for _, typ := range types {
+		mkTask(t, s, newTask(typ, t0), t0)
+	}
+	claim := func(patterns ...string) []string {
+		t.Helper()
+		return taskTypes(claimTasks(t, s, patterns, "w", at(time.Second), time.Hour, 100))
+	}
+	diff(t, "billing.% (not billingx, not payments)", []string{"billing.invoice.v1", "billing.refund.v2"}, claim("billing.%"))
+	diff(t, "a_b.% (_ is literal)", []string{"a_b.c.v1"}, claim("a_b.%"))
+	diff(t, "pct%.% (% inside a prefix is literal)", []string{"pct%.a.v1"}, claim("pct%.%"))
+	diff(t, "exact type", []string{"exact.type.v1"}, claim("exact.type.v1"))
+	diff(t, "nothing matches", []string{}, claim("nope.%", "exact.type.v"))
+	diff(t, "several patterns", []string{"exact.type.v10", "payments.card.v1", "payments.x.v1"}, claim("payments.%", "exact.type.v10"))
+	diff(t, "the rest (pattern %)", []string{"axb.c.v1", "billingx.a.v1", "exact.type.v1.sub.v1", "pctx.a.v1"}, claim("%"))
+}
+
+func testTaskClaimNotDue(t *testing.T, s store.Store) {
+	k := mkTask(t, s, newTask("later.x.v1", at(10*time.Second)), t0)
+	for _, now := range []time.Time{t0, at(5 * time.Second), at(10*time.Second - time.Microsecond)} {
+		if got := claimTasks(t, s, []string{"later.%"}, "w", now, time.Minute, 10); len(got) != 0 {
+			t.Errorf("claim at %v of a task due at %v returned %v", now, k.RunAt, taskIDs(got))
+		}
+	}
+	diff(t, "task untouched by the early claims", k, getTask(t, s, k.ID))
+	diff(t, "events untouched by the early claims", []string{"created"}, eventTypes(events(t, s, k.ID)))
+	got := claimTasks(t, s, []string{"later.%"}, "w", at(10*time.Second), time.Minute, 10)
+	diff(t, "claim at run_at", []string{k.ID}, taskIDs(got))
+}
+
+func testTaskClaimLease(t *testing.T, s store.Store) {
+	k := newTask("billing.invoice.v1", t0)
+	k.MaxAttempts, k.RetryDelay, k.IdempotencyKey = 3, time.Minute, "k"
+	created := mkTask(t, s, k, t0)
+	other := mkTask(t, s, newTask("billing.refund.v1", t0), t0)
+	now := at(2*time.Second + 3*time.Microsecond)
+	lease := 30 * time.Second
+	got := claimTasks(t, s, []string{"billing.%"}, "worker-1", now, lease, 10)
+	if len(got) != 2 {
+		t.Fatalf("claimed %d tasks, want 2", len(got))
+	}
+	byID := map[string]*store.Task{got[0].ID: got[0], got[1].ID: got[1]}
+	c := byID[created.ID]
+	if c == nil || byID[other.ID] == nil {
+		t.Fatalf("claimed %v, want %s and %s", taskIDs(got), created.ID, other.ID)
+	}
+	if c.LeaseToken == "" {
+		t.Fatal("claimed task has no lease token")
+	}
+	until := now.Add(lease)
+	want := *created
+	want.Status, want.Attempt, want.LeasedBy, want.LeaseToken, want.LeaseUntil, want.UpdatedAt = status.TaskLeased, 1, "worker-1", c.LeaseToken, &until, now
+	diff(t, "claimed task", &want, c)
+	diff(t, "GetTask after claim", &want, getTask(t, s, created.ID))
+	if c.Reclaimed {
+		t.Error("a first claim is marked Reclaimed")
+	}
+
+	evs := events(t, s, created.ID)
+	diff(t, "event types", []string{"created", "claimed"}, eventTypes(evs))
+	diff(t, "event seqs", []int64{1, 2}, seqs(evs))
+	if len(evs) == 2 {
+		e := evs[1]
+		if !e.At.Equal(now) {
+			t.Errorf("claimed event at %v, want %v", e.At, now)
+		}
+		d := eventData(t, e)
+		if d["worker_id"] != "worker-1" || d["attempt"] != float64(1) {
+			t.Errorf("claimed event data = %v, want worker_id worker-1 and attempt 1", d)
+		}
+		if lu, _ := d["lease_until"].(string); lu == "" {
+			t.Errorf("claimed event data %v has no lease_until", d)
+		} else if pt, err := time.Parse(time.RFC3339Nano, lu); err != nil || !pt.Equal(until) {
+			t.Errorf("claimed event lease_until = %q, want %v", lu, until)
+		}
+	}
+	// Max caps the claim.
+	for range 3 {
+		mkTask(t, s, newTask("billing.batch.v1", t0), t0)
+	}
+	if got := claimTasks(t, s, []string{"billing.batch.v1"}, "w", now, lease, 2); len(got) != 2 {
+		t.Errorf("claim with Max 2 returned %d tasks", len(got))
+	}
+	if got, err := s.ClaimTasks(t.Context(), store.ClaimTasks{Patterns: []string{"%"}, WorkerID: "w", Lease: lease, Max: 0, Now: now}); err != nil || len(got) != 0 {
+		t.Errorf("claim with Max 0 = %v, %v; want nothing", taskIDs(got), err)
+	}
+}
+
+func testTaskLeaseExpiry(t *testing.T, s store.Store) {
+	k := mkTask(t, s, newTask("billing.invoice.v1", t0), t0)
+	lease := 30 * time.Second
+	c1 := claimTasks(t, s, []string{"billing.%"}, "w1", t0, lease, 1)
+	if len(c1) != 1 {
+		t.Fatalf("first claim returned %d tasks", len(c1))
+	}
+	old := c1[0]
+	for _, now := range []time.Time{t0, at(lease / 2), at(lease - time.Microsecond)} {
+		if got := claimTasks(t, s, []string{"billing.%"}, "w2", now, lease, 10); len(got) != 0 {
+			t.Errorf("claim at %v during the lease (until %v) returned the task", now, old.LeaseUntil)
+		}
+	}
+	diff(t, "task during its lease", old, getTask(t, s, k.ID))
+
+	expiry := at(lease)
+	c2 := claimTasks(t, s, []string{"billing.%"}, "w2", expiry, lease, 10)
+	if len(c2) != 1 {
+		t.Fatalf("claim after the lease expired returned %d tasks, want 1", len(c2))
+	}
+	cur := c2[0]
+	if cur.ID != k.ID {
+		t.Fatalf("reclaimed %s, want %s", cur.ID, k.ID)
+	}
+	if cur.LeaseToken == "" || cur.LeaseToken == old.LeaseToken {
+		t.Errorf("reclaimed with token %q (old %q), want a new one", cur.LeaseToken, old.LeaseToken)
+	}
+	until := expiry.Add(lease)
+	if cur.Attempt != 2 || !cur.Reclaimed || cur.LeasedBy != "w2" || cur.Status != status.TaskLeased || cur.LeaseUntil == nil || !cur.LeaseUntil.Equal(until) {
+		t.Errorf("reclaimed task = {Attempt:%d Reclaimed:%v LeasedBy:%s Status:%s LeaseUntil:%v}, want {2 true w2 leased %v}",
+			cur.Attempt, cur.Reclaimed, cur.LeasedBy, cur.Status, cur.LeaseUntil, until)
+	}
+	diff(t, "GetTask after reclaim", cur, getTask(t, s, k.ID))
+
+	evs := events(t, s, k.ID)
+	diff(t, "event types after reclaim", []string{"created", "claimed", "lease_expired", "claimed"}, eventTypes(evs))
+	diff(t, "event seqs after reclaim", seqRange(1, 4), seqs(evs))
+	if len(evs) == 4 {
+		if d := eventData(t, evs[2]); d["attempt"] != float64(1) {
+			t.Errorf("lease_expired data = %v, want attempt 1 (the expired attempt)", d)
+		}
+		if d := eventData(t, evs[3]); d["attempt"] != float64(2) || d["worker_id"] != "w2" {
+			t.Errorf("second claimed data = %v, want attempt 2 by w2", d)
+		}
+		for _, e := range evs[2:] {
+			if !e.At.Equal(expiry) {
+				t.Errorf("%s event at %v, want %v", e.Type, e.At, expiry)
+			}
+		}
+	}
+
+	// And once more: the sequence keeps counting.
+	c3 := claimTasks(t, s, []string{"billing.%"}, "w3", until, lease, 10)
+	if len(c3) != 1 || c3[0].Attempt != 3 || !c3[0].Reclaimed || c3[0].LeaseToken == cur.LeaseToken {
+		t.Fatalf("third claim = %+v, want attempt 3, reclaimed, a new token", c3)
+	}
+	evs = events(t, s, k.ID)
+	diff(t, "event types after the second reclaim", []string{"created", "claimed", "lease_expired", "claimed", "lease_expired", "claimed"}, eventTypes(evs))
+	diff(t, "event seqs after the second reclaim", seqRange(1, 6), seqs(evs))
+}
+
+func testTaskDisabledTypes(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	_, err := s.PutTaskType(ctx, &store.TaskType{Type: "media.resize.v1", Enabled: false})
+	must(t, err, "PutTaskType disabled")
+	_, err = s.PutTaskType(ctx, &store.TaskType{Type: "media.crop.v1", Enabled: true})
+	must(t, err, "PutTaskType enabled")
+	resize := mkTask(t, s, newTask("media.resize.v1", t0), t0)
+	crop := mkTask(t, s, newTask("media.crop.v1", t0), t0)
+	free := mkTask(t, s, newTask("media.rotate.v1", t0), t0) // no registry entry: enabled
+
+	got := claimTasks(t, s, []string{"media.%"}, "w", at(time.Second), time.Minute, 10)
+	diff(t, "claim with media.resize.v1 disabled", []string{"media.crop.v1", "media.rotate.v1"}, taskTypes(got))
+	for _, now := range []time.Time{at(time.Hour), far} {
+		if got := claimTasks(t, s, []string{"media.resize.v1"}, "w", now, time.Minute, 10); len(got) != 0 {
+			t.Errorf("a disabled type was claimed at %v: %v", now, taskIDs(got))
+		}
+	}
+	if next, ok, err := s.NextTaskDue(ctx, []string{"media.resize.v1"}, t0); err != nil || ok {
+		t.Errorf("NextTaskDue of a disabled type = %v, %v, %v; want ok=false", next, ok, err)
+	}
+	diff(t, "disabled type's task waits untouched", resize, getTask(t, s, resize.ID))
+
+	// Disabling a type also stops reclaims of its expired leases.
+	_, err = s.PutTaskType(ctx, &store.TaskType{Type: "media.crop.v1", Enabled: false})
+	must(t, err, "PutTaskType disable crop")
+	got = claimTasks(t, s, []string{"media.%"}, "w", far, time.Minute, 10)
+	diff(t, "reclaim with crop disabled too", []string{"media.rotate.v1"}, taskTypes(got))
+
+	// Re-enabled: the waiting tasks are claimable, nothing was lost.
+	_, err = s.PutTaskType(ctx, &store.TaskType{Type: "media.resize.v1", Enabled: true})
+	must(t, err, "PutTaskType re-enable resize")
+	_, err = s.PutTaskType(ctx, &store.TaskType{Type: "media.crop.v1", Enabled: true})
+	must(t, err, "PutTaskType re-enable crop")
+	got = claimTasks(t, s, []string{"media.%"}, "w", far.Add(time.Hour), time.Minute, 10)
+	diff(t, "claim after re-enabling", []string{"media.crop.v1", "media.resize.v1", "media.rotate.v1"}, taskTypes(got))
+	for _, k := range got {
+		want := map[string]int{resize.ID: 1, crop.ID: 2, free.ID: 3}[k.ID]
+		if k.Attempt != want {
+			t.Errorf("%s attempt = %d, want %d", k.Type, k.Attempt, want)
+		}
+	}
+}
+
+func testTaskFinishedNeverClaimed(t *testing.T, s store.Store) {
+	finals := []string{status.TaskCancelled, status.TaskSucceeded, status.TaskFailed}
+	var finished []string
+	for _, st := range finals {
+		k := mkTask(t, s, newTask("done.x.v1", t0), t0)
+		// Give it an expired lease too: status alone must keep it out.
+		setTask(t, s, k.ID, at(time.Second), func(k *store.Task) {
+			k.Status, k.LeaseToken, k.LeaseUntil, k.FinishedAt = st, "tok-"+st, ptr(at(2*time.Second)), ptr(at(time.Second))
+		})
+		finished = append(finished, k.ID)
+	}
+	pending := mkTask(t, s, newTask("done.x.v1", t0), t0)
+	for _, now := range []time.Time{at(time.Minute), far} {
+		got := claimTasks(t, s, []string{"done.%"}, "w", now, time.Minute, 10)
+		for _, id := range taskIDs(got) {
+			if slices.Contains(finished, id) {
+				t.Errorf("a finished task %s (%s) was claimed at %v", id, getTask(t, s, id).Status, now)
+			}
+		}
+	}
+	if k := getTask(t, s, pending.ID); k.Attempt != 2 {
+		t.Errorf("pending control task attempt = %d, want 2 (claimed, then reclaimed)", k.Attempt)
+	}
+	for i, id := range finished {
+		k := getTask(t, s, id)
+		if k.Status != finals[i] || k.Attempt != 0 {
+			t.Errorf("finished task = {Status:%s Attempt:%d}, want {%s 0}", k.Status, k.Attempt, finals[i])
+		}
+	}
+	if next, ok, err := s.NextTaskDue(t.Context(), []string{"done.%"}, far.Add(time.Hour)); err != nil || (ok && !next.After(far)) {
+		t.Errorf("NextTaskDue counts finished tasks: %v, %v, %v", next, ok, err)
+	}
+}
+
+// testTaskClaimConcurrent has 4 workers claim 300 tasks at most 7 at a time:
+// every task is claimed exactly once.
+func testTaskClaimConcurrent(t *testing.T, s store.Store) {
+	const total, workers, batch = 300, 4, 7
+	want := map[string]bool{}
+	for i := range total {
+		k := newTask(fmt.Sprintf("load.t%d.v1", i%3), at(time.Duration(i%13)*time.Millisecond))
+		k.Priority = i % 5
+		want[mkTask(t, s, k, t0).ID] = true
+	}
+	now := at(time.Second)
+	claimed := make([][]*store.Task, workers)
+	errs := make([]error, workers)
+	var count atomic.Int64
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			<-start
+			for range 20 * total { // bounded; stops once everything is claimed
+				if count.Load() >= total {
+					return
+				}
+				got, err := s.ClaimTasks(t.Context(), store.ClaimTasks{Patterns: []string{"load.%"}, WorkerID: fmt.Sprintf("w%d", w), Lease: time.Hour, Max: batch, Now: now})
+				if err != nil {
+					errs[w] = err
+					return
+				}
+				if len(got) > batch {
+					errs[w] = fmt.Errorf("claim returned %d tasks, Max was %d", len(got), batch)
+					return
+				}
+				claimed[w] = append(claimed[w], got...)
+				count.Add(int64(len(got)))
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	for w, err := range errs {
+		if err != nil {
+			t.Fatalf("worker %d: %v", w, err)
+		}
+	}
+	seen := map[string]int{}
+	tokens := map[string]bool{}
+	for _, ts := range claimed {
+		for _, k := range ts {
+			seen[k.ID]++
+			if k.Attempt != 1 || k.Status != status.TaskLeased {
+				t.Errorf("task %s claimed with attempt %d status %s, want 1 leased", k.ID, k.Attempt, k.Status)
+			}
+			tokens[k.LeaseToken] = true
+		}
+	}
+	for id, n := range seen {
+		if n != 1 {
+			t.Errorf("task %s claimed %d times", id, n)
+		}
+		if !want[id] {
+			t.Errorf("claimed unknown task %s", id)
+		}
+	}
+	if len(seen) != total {
+		t.Errorf("%d distinct tasks claimed, want %d", len(seen), total)
+	}
+	if got := claimTasks(t, s, []string{"load.%"}, "late", now, time.Hour, 1000); len(got) != 0 {
+		t.Errorf("%d tasks still claimable after the workers finished", len(got))
+	}
+	// Each task's log has exactly created + claimed.
+	for id := range want {
+		if evs := events(t, s, id); len(evs) != 2 || evs[1].Type != "claimed" {
+			t.Errorf("task %s events = %v, want created, claimed", id, eventTypes(evs))
+			break
+		}
+	}
+}
+
+func testNextTaskDue(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	check := func(what string, patterns []string, now time.Time, want time.Time, wantOK bool) {
+		t.Helper()
+		got, ok, err := s.NextTaskDue(ctx, patterns, now)
+		must(t, err, "NextTaskDue "+what)
+		if ok != wantOK || (ok && !got.Equal(want)) {
+			t.Errorf("NextTaskDue %s = %v, ok=%v; want %v, ok=%v", what, got, ok, want, wantOK)
+		}
+	}
+	check("with no tasks", []string{"%"}, t0, time.Time{}, false)
+
+	mkTask(t, s, newTask("billing.a.v1", at(50*time.Second)), t0)
+	check("one future task", []string{"billing.%"}, t0, at(50*time.Second), true)
+	check("non-matching pattern", []string{"payments.%"}, t0, time.Time{}, false)
+
+	mkTask(t, s, newTask("other.b.v1", at(10*time.Second)), t0)
+	check("earlier task of another type is ignored", []string{"billing.%"}, t0, at(50*time.Second), true)
+	check("several patterns", []string{"billing.%", "other.b.v1"}, t0, at(10*time.Second), true)
+
+	// A leased task counts at its lease end.
+	mkTask(t, s, newTask("billing.c.v1", at(-time.Hour)), t0)
+	c := claimTasks(t, s, []string{"billing.c.v1"}, "w", t0, 40*time.Second, 1)
+	if len(c) != 1 {
+		t.Fatalf("claimed %d, want 1", len(c))
+	}
+	check("lease end earlier than run_at", []string{"billing.%"}, t0, at(40*time.Second), true)
+
+	// A disabled type's task does not count.
+	_, err := s.PutTaskType(ctx, &store.TaskType{Type: "billing.d.v1", Enabled: false})
+	must(t, err, "PutTaskType")
+	mkTask(t, s, newTask("billing.d.v1", at(5*time.Second)), t0)
+	check("disabled type ignored", []string{"billing.%"}, t0, at(40*time.Second), true)
+
+	// A finished task does not count.
+	e := mkTask(t, s, newTask("billing.e.v1", at(time.Second)), t0)
+	setTask(t, s, e.ID, t0, func(k *store.Task) { k.Status = status.TaskCancelled })
+	check("cancelled task ignored", []string{"billing.%"}, t0, at(40*time.Second), true)
+
+	// A task that is already claimable is not "next": the answer is in
+	// the future.
+	mkTask(t, s, newTask("billing.f.v1", at(-time.Second)), t0)
+	check("past-due task ignored", []string{"billing.%"}, t0, at(40*time.Second), true)
+	// Later, the lease end has passed too: the next is the 50s run_at.
+	check("after the lease end", []string{"billing.%"}, at(45*time.Second), at(50*time.Second), true)
+	check("after everything", []string{"billing.%"}, at(time.Hour), time.Time{}, false)
+}
+
+func testInTaskStandalone(t *testing.T, s store.Store) {
+	k := mkTask(t, s, newTask("solo.x.v1", t0), t0)
+	called := false
+	must(t, s.InTask(t.Context(), k.ID, at(time.Second), func(tx store.TaskTx) error {
+		called = true
+		diff(t, "tx.Task()", k, tx.Task())
+		if tx.Run() != nil {
+			t.Errorf("tx.Run() = %v for a standalone task, want nil", tx.Run())
+		}
+		return nil
+	}), "InTask")
+	if !called {
+		t.Fatal("InTask did not call fn")
+	}
+	diff(t, "task after a read-only InTask", k, getTask(t, s, k.ID))
+}
+
+func testInTaskOfRun(t *testing.T, s store.Store) {
+	wf := mkWorkflow(t, s, "wf")
+	r := mkSimpleRun(t, s, wf)
+	now := at(time.Second)
+	var created *store.Task
+	inRun(t, s, r.ID, now, func(tx store.RunTx) error {
+		created = &store.Task{Type: "content.thumbnail.v1", Payload: json.RawMessage(`{"id":7}`), Status: status.TaskPending, Priority: 100, RunAt: now, IdempotencyKey: r.ID + ":a", Step: "a"}
+		return tx.CreateTask(created)
+	})
+	if created.ID == "" || created.RunID != r.ID {
+		t.Fatalf("RunTx.CreateTask left ID %q RunID %q, want an id and %s", created.ID, created.RunID, r.ID)
+	}
+	k := getTask(t, s, created.ID)
+	if k.RunID != r.ID || k.Step != "a" || k.Status != status.TaskPending || string(k.Payload) != `{"id":7}` || !k.CreatedAt.Equal(now) {
+		t.Errorf("run's task = %+v, want run %s step a pending", k, r.ID)
+	}
+	evs := events(t, s, k.ID)
+	diff(t, "run task events", []string{"created"}, eventTypes(evs))
+	if len(evs) == 1 {
+		diff(t, "created data", map[string]any{"type": "content.thumbnail.v1", "run_id": r.ID, "step": "a"}, eventData(t, evs[0]))
+	}
+	// The run's own event log is untouched.
+	if evs := events(t, s, r.ID); len(evs) != 0 {
+		t.Errorf("run events = %v, want none", eventTypes(evs))
+	}
+
+	wantRun, wantSteps := getRun(t, s, r.ID)
+	called := false
+	must(t, s.InTask(t.Context(), k.ID, at(2*time.Second), func(tx store.TaskTx) error {
+		called = true
+		diff(t, "tx.Task()", k, tx.Task())
+		rt := tx.Run()
+		if rt == nil {
+			t.Fatal("tx.Run() = nil for a run's task")
+		}
+		diff(t, "tx.Run().Run()", wantRun, rt.Run())
+		diff(t, "tx.Run().Steps()", wantSteps, rt.Steps())
+		// Both can be written in the one transaction.
+		st := *rt.Step("a")
+		st.Status = status.StepRunning
+		if err := rt.UpdateStep(&st); err != nil {
+			return err
+		}
+		if err := rt.Append(store.NewEvent{Type: "step_started", Step: "a"}); err != nil {
+			return err
+		}
+		u := *tx.Task()
+		u.LastError = "noted"
+		if err := tx.UpdateTask(&u); err != nil {
+			return err
+		}
+		return tx.AppendTask(store.NewEvent{Type: "note"})
+	}), "InTask")
+	if !called {
+		t.Fatal("InTask did not call fn")
+	}
+	_, steps := getRun(t, s, r.ID)
+	if st := stepNamed(t, steps, "a"); st.Status != status.StepRunning {
+		t.Errorf("step a = %s, want running (written through tx.Run())", st.Status)
+	}
+	diff(t, "run events", []string{"step_started"}, eventTypes(events(t, s, r.ID)))
+	diff(t, "task events", []string{"created", "note"}, eventTypes(events(t, s, k.ID)))
+	if got := getTask(t, s, k.ID); got.LastError != "noted" {
+		t.Errorf("LastError = %q, want noted", got.LastError)
+	}
+
+	// Tasks written with the run by CreateRun belong to it as well.
+	r2 := mkRun(t, s, &store.NewRun{
+		Run:   baseRun(wf, ""),
+		Steps: []*store.StepRun{{Name: "t", Position: 0, Type: "task", Status: status.StepRunning}},
+		Tasks: []*store.Task{{Type: "content.upload.v1", Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: t0, Step: "t"}},
+	})
+	got := claimTasks(t, s, []string{"content.upload.v1"}, "w", t0, time.Minute, 10)
+	if len(got) != 1 || got[0].RunID != r2.ID || got[0].Step != "t" {
+		t.Fatalf("claimed %+v, want the task of run %s step t", got, r2.ID)
+	}
+	must(t, s.InTask(t.Context(), got[0].ID, t0, func(tx store.TaskTx) error {
+		if tx.Run() == nil || tx.Run().Run().ID != r2.ID || tx.Run().Step("t") == nil {
+			t.Errorf("InTask of a CreateRun task: Run() = %v, want run %s with step t", tx.Run(), r2.ID)
+		}
+		return nil
+	}), "InTask")
+}
+
+func testInTaskRollback(t *testing.T, s store.Store) {
+	k := mkTask(t, s, newTask("solo.x.v1", t0), t0)
+	boom := errors.New("boom")
+	err := s.InTask(t.Context(), k.ID, at(time.Second), func(tx store.TaskTx) error {
+		u := *tx.Task()
+		u.Status = status.TaskSucceeded
+		if err := tx.UpdateTask(&u); err != nil {
+			return err
+		}
+		if err := tx.AppendTask(store.NewEvent{Type: "succeeded"}); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("InTask error = %v, want fn's error", err)
+	}
+	diff(t, "task after a failed InTask", k, getTask(t, s, k.ID))
+	diff(t, "events after a failed InTask", []int64{1}, seqs(events(t, s, k.ID)))
+	// The sequence was not advanced either.
+	must(t, s.InTask(t.Context(), k.ID, at(2*time.Second), func(tx store.TaskTx) error {
+		return tx.AppendTask(store.NewEvent{Type: "note"})
+	}), "InTask")
+	diff(t, "events after the next append", []int64{1, 2}, seqs(events(t, s, k.ID)))
+}
+
+func testUpdateTaskRoundTrip(t *testing.T, s store.Store) {
+	in := newTask("billing.invoice.v1", at(time.Minute))
+	in.Priority, in.IdempotencyKey, in.MaxAttempts, in.RetryDelay = 17, "round-trip", 9, 90*time.Second+time.Millisecond
+	in.Payload = json.RawMessage(`{"a":[1,2,{"b":"ü"}]}`)
+	k := mkTask(t, s, in, t0)
+
+	now := at(5*time.Second + 7*time.Microsecond)
+	full := *k
+	full.Status = status.TaskLeased
+	full.RunAt = at(2*time.Minute + 3*time.Microsecond)
+	full.Attempt = 4
+	full.LeasedBy = "worker-ü"
+	full.LeaseToken = "tok-round-trip"
+	full.LeaseUntil = ptr(at(3*time.Minute + 9*time.Microsecond))
+	full.Reclaimed = true
+	full.CancelRequested = true
+	full.LastError = "boom: \"quoted\"\nline 2 ✗"
+	full.Result = json.RawMessage(`{"id":7,"nested":{"x":[true,null]}}`)
+	full.FinishedAt = ptr(at(4*time.Second + 1*time.Microsecond))
+	must(t, s.InTask(t.Context(), k.ID, now, func(tx store.TaskTx) error {
+		u := full
+		if err := tx.UpdateTask(&u); err != nil {
+			return err
+		}
+		if tx.Task().Attempt != 4 || tx.Task().LeaseToken != "tok-round-trip" {
+			t.Errorf("tx.Task() after UpdateTask = %+v, want the update", tx.Task())
+		}
+		return nil
+	}), "InTask UpdateTask")
+	want := full
+	want.UpdatedAt = now
+	diff(t, "task after UpdateTask (immutable columns kept)", &want, getTask(t, s, k.ID))
+	// Microsecond precision.
+	got := getTask(t, s, k.ID)
+	if got.LeaseUntil == nil || got.LeaseUntil.UnixMicro() != full.LeaseUntil.UnixMicro() || got.RunAt.UnixMicro() != full.RunAt.UnixMicro() {
+		t.Errorf("times lost precision: LeaseUntil %v RunAt %v", got.LeaseUntil, got.RunAt)
+	}
+	// A transaction sees the stored values.
+	must(t, s.InTask(t.Context(), k.ID, now, func(tx store.TaskTx) error {
+		diff(t, "tx.Task() in the next transaction", &want, tx.Task())
+		return nil
+	}), "InTask read")
+
+	// Clearing every optional column round-trips too.
+	later := at(6 * time.Second)
+	cleared := *k
+	cleared.Status = status.TaskSucceeded
+	must(t, s.InTask(t.Context(), k.ID, later, func(tx store.TaskTx) error {
+		u := cleared
+		return tx.UpdateTask(&u)
+	}), "InTask clear")
+	want = cleared
+	want.UpdatedAt = later
+	diff(t, "task after clearing", &want, getTask(t, s, k.ID))
+	if got := getTask(t, s, k.ID); got.Result != nil || got.LeaseUntil != nil || got.FinishedAt != nil || got.LeaseToken != "" {
+		t.Errorf("cleared columns came back: %+v", got)
+	}
+	// UpdateTask writes no events.
+	diff(t, "events", []string{"created"}, eventTypes(events(t, s, k.ID)))
+}
+
+func testAppendTaskSeq(t *testing.T, s store.Store) {
+	k := mkTask(t, s, newTask("billing.invoice.v1", t0), t0)
+	c := claimTasks(t, s, []string{"billing.%"}, "w", t0, 30*time.Second, 1)
+	if len(c) != 1 {
+		t.Fatalf("claimed %d, want 1", len(c))
+	}
+	now := at(time.Second)
+	must(t, s.InTask(t.Context(), k.ID, now, func(tx store.TaskTx) error {
+		if err := tx.AppendTask(store.NewEvent{Type: "heartbeat", Data: map[string]any{"n": 1}}); err != nil {
+			return err
+		}
+		return tx.AppendTask(store.NewEvent{Type: "heartbeat", Data: map[string]any{"n": 2}}, store.NewEvent{Type: "note", Step: "s"})
+	}), "InTask append")
+	// Appending nothing leaves the sequence alone.
+	must(t, s.InTask(t.Context(), k.ID, now, func(store.TaskTx) error { return nil }), "InTask noop")
+	later := at(2 * time.Second)
+	must(t, s.InTask(t.Context(), k.ID, later, func(tx store.TaskTx) error {
+		return tx.AppendTask(store.NewEvent{Type: "retried"})
+	}), "InTask append later")
+	evs := events(t, s, k.ID)
+	diff(t, "types", []string{"created", "claimed", "heartbeat", "heartbeat", "note", "retried"}, eventTypes(evs))
+	diff(t, "seqs", seqRange(1, 6), seqs(evs))
+	if len(evs) == 6 {
+		want := []*store.Event{
+			{RunID: k.ID, Seq: 3, Type: "heartbeat", Data: json.RawMessage(`{"n":1}`), At: now},
+			{RunID: k.ID, Seq: 4, Type: "heartbeat", Data: json.RawMessage(`{"n":2}`), At: now},
+			{RunID: k.ID, Seq: 5, Type: "note", Step: "s", At: now},
+			{RunID: k.ID, Seq: 6, Type: "retried", At: later},
+		}
+		diff(t, "appended events", want, evs[2:])
+	}
+	// A claim after the appends continues the same sequence.
+	c = claimTasks(t, s, []string{"billing.%"}, "w", at(time.Hour), 30*time.Second, 1)
+	if len(c) != 1 {
+		t.Fatalf("reclaimed %d, want 1", len(c))
+	}
+	evs = events(t, s, k.ID)
+	diff(t, "seqs after a reclaim", seqRange(1, 8), seqs(evs))
+	diff(t, "types after a reclaim", []string{"lease_expired", "claimed"}, eventTypes(evs[len(evs)-2:]))
+}
+
+func testCancelTasks(t *testing.T, s store.Store) {
+	wf := mkWorkflow(t, s, "wf")
+	r1 := mkSimpleRun(t, s, wf)
+	r2 := mkSimpleRun(t, s, wf)
+	mk := func(runID, typ, step string) *store.Task {
+		t.Helper()
+		k := &store.Task{Type: typ, Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: t0, Step: step}
+		inRun(t, s, runID, t0, func(tx store.RunTx) error { return tx.CreateTask(k) })
+		return k
+	}
+	pending := mk(r1.ID, "r1.pending.v1", "a")
+	leased := mk(r1.ID, "r1.leased.v1", "b")
+	done := mk(r1.ID, "r1.done.v1", "a")
+	otherRun := mk(r2.ID, "r2.pending.v1", "a")
+	solo := mkTask(t, s, newTask("solo.pending.v1", t0), t0)
+
+	c := claimTasks(t, s, []string{"r1.leased.v1"}, "w", t0, time.Hour, 1)
+	if len(c) != 1 {
+		t.Fatalf("claimed %d, want 1", len(c))
+	}
+	setTask(t, s, done.ID, t0, func(k *store.Task) { k.Status, k.FinishedAt = status.TaskSucceeded, ptr(t0) })
+	doneBefore := getTask(t, s, done.ID)
+	otherBefore := getTask(t, s, otherRun.ID)
+	soloBefore := getTask(t, s, solo.ID)
+
+	now := at(time.Minute)
+	inRun(t, s, r1.ID, now, func(tx store.RunTx) error { return tx.CancelTasks() })
+
+	for _, id := range []string{pending.ID, leased.ID} {
+		k := getTask(t, s, id)
+		if k.Status != status.TaskCancelled || !k.CancelRequested || k.FinishedAt == nil || !k.FinishedAt.Equal(now) || !k.UpdatedAt.Equal(now) {
+			t.Errorf("task %s (%s) = {Status:%s CancelRequested:%v FinishedAt:%v UpdatedAt:%v}, want cancelled at %v",
+				id, k.Type, k.Status, k.CancelRequested, k.FinishedAt, k.UpdatedAt, now)
+		}
+	}
+	// The leased task keeps its token so its worker's heartbeat can learn
+	// about the cancellation.
+	if k := getTask(t, s, leased.ID); k.LeaseToken != c[0].LeaseToken {
+		t.Errorf("cancelled leased task token = %q, want %q kept", k.LeaseToken, c[0].LeaseToken)
+	}
+	evs := events(t, s, pending.ID)
+	diff(t, "pending task events", []string{"created", "cancelled"}, eventTypes(evs))
+	diff(t, "pending task seqs", []int64{1, 2}, seqs(evs))
+	if len(evs) == 2 && !evs[1].At.Equal(now) {
+		t.Errorf("cancelled event at %v, want %v", evs[1].At, now)
+	}
+	evs = events(t, s, leased.ID)
+	diff(t, "leased task events", []string{"created", "claimed", "cancelled"}, eventTypes(evs))
+	diff(t, "leased task seqs", []int64{1, 2, 3}, seqs(evs))
+
+	diff(t, "finished task of the run untouched", doneBefore, getTask(t, s, done.ID))
+	diff(t, "finished task events", []string{"created"}, eventTypes(events(t, s, done.ID)))
+	diff(t, "other run's task untouched", otherBefore, getTask(t, s, otherRun.ID))
+	diff(t, "standalone task untouched", soloBefore, getTask(t, s, solo.ID))
+
+	got := claimTasks(t, s, []string{"%"}, "w", far, time.Minute, 100)
+	diff(t, "claimable after CancelTasks", []string{"r2.pending.v1", "solo.pending.v1"}, taskTypes(got))
+
+	// A second CancelTasks finds nothing more to cancel.
+	inRun(t, s, r1.ID, at(2*time.Minute), func(tx store.RunTx) error { return tx.CancelTasks() })
+	diff(t, "pending task events after a second CancelTasks", []string{"created", "cancelled"}, eventTypes(events(t, s, pending.ID)))
+}
+
+func testTaskTypes(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	if got, err := s.ListTaskTypes(ctx); err != nil || len(got) != 0 {
+		t.Fatalf("ListTaskTypes on an empty store = %v, %v", got, err)
+	}
+	_, err := s.GetTaskType(ctx, "billing.invoice.v1")
+	wantErr(t, err, store.ErrNotFound, "GetTaskType(unknown)")
+
+	in := &store.TaskType{Type: "billing.invoice.v1", Description: "Issue an invoice ✓", Enabled: true, MaxAttempts: 3, RetryDelay: 2*time.Minute + 5*time.Millisecond}
+	put, err := s.PutTaskType(ctx, in)
+	must(t, err, "PutTaskType")
+	if put.CreatedAt.IsZero() || !put.UpdatedAt.Equal(put.CreatedAt) {
+		t.Errorf("new type CreatedAt %v UpdatedAt %v, want both set and equal", put.CreatedAt, put.UpdatedAt)
+	}
+	want := *in
+	want.CreatedAt, want.UpdatedAt = put.CreatedAt, put.UpdatedAt
+	diff(t, "PutTaskType result", &want, put)
+	got, err := s.GetTaskType(ctx, in.Type)
+	must(t, err, "GetTaskType")
+	diff(t, "GetTaskType", &want, got)
+
+	second, err := s.PutTaskType(ctx, &store.TaskType{Type: "audit.log.v2", Enabled: false})
+	must(t, err, "PutTaskType second")
+	if second.Enabled || second.Description != "" || second.MaxAttempts != 0 || second.RetryDelay != 0 {
+		t.Errorf("second type = %+v, want disabled with zero defaults", second)
+	}
+
+	// Put is an upsert: every field is replaced, created_at is kept.
+	up := &store.TaskType{Type: "billing.invoice.v1", Description: "changed", Enabled: false, MaxAttempts: 0, RetryDelay: 0}
+	upd, err := s.PutTaskType(ctx, up)
+	must(t, err, "PutTaskType upsert")
+	want = *up
+	want.CreatedAt, want.UpdatedAt = put.CreatedAt, upd.UpdatedAt
+	diff(t, "upserted type", &want, upd)
+	if upd.UpdatedAt.Before(put.UpdatedAt) {
+		t.Errorf("UpdatedAt went backwards: %v < %v", upd.UpdatedAt, put.UpdatedAt)
+	}
+	got, err = s.GetTaskType(ctx, up.Type)
+	must(t, err, "GetTaskType after upsert")
+	diff(t, "GetTaskType after upsert", upd, got)
+
+	list, err := s.ListTaskTypes(ctx)
+	must(t, err, "ListTaskTypes")
+	diff(t, "ListTaskTypes (by type)", []*store.TaskType{second, upd}, list)
+}

@@ -1,0 +1,217 @@
+package ferry
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/ferryhq/ferry/client"
+	"github.com/ferryhq/ferry/internal/runtime"
+	"github.com/ferryhq/ferry/internal/store"
+)
+
+// The task methods below are the durable inbox in library mode: a worker
+// embedded in the same process as the engine calls them directly, without
+// HTTP. They have the signatures of client.Client's, so package worker runs
+// on either, and they refuse what the server refuses with the same
+// *client.APIError codes: errors.Is(err, client.ErrLeaseLost) for a stale
+// lease token, client.ErrTaskFinished for a finished task,
+// client.HasCode(err, client.CodeNotFound) for an unknown task.
+
+// CreateTask records a standalone task; a repeated IdempotencyKey returns
+// the first task and created=false.
+func (e *Engine) CreateTask(ctx context.Context, nt client.NewTask) (*client.Task, bool, error) {
+	switch {
+	case nt.Priority != nil && (*nt.Priority < 0 || *nt.Priority > 1000):
+		return nil, false, invalid("priority", "priority must be from 0 to 1000 (lower runs first)")
+	case len(nt.IdempotencyKey) > 255:
+		return nil, false, invalid("idempotency_key", "idempotency_key must be at most 255 characters")
+	case len(nt.Payload) > 0 && !json.Valid(nt.Payload):
+		return nil, false, invalid("payload", "payload must be JSON")
+	case nt.RetryDelay < 0:
+		return nil, false, invalid("retry_delay", "retry_delay must be a positive duration")
+	}
+	t, created, err := e.rt.CreateTask(ctx, runtime.NewTask{
+		Type: nt.Type, Payload: nt.Payload, Priority: nt.Priority, RunAt: nt.RunAt,
+		IdempotencyKey: nt.IdempotencyKey, MaxAttempts: nt.MaxAttempts, RetryDelay: nt.RetryDelay,
+	})
+	if err != nil {
+		return nil, false, taskErr(err)
+	}
+	return e.clientTask(ctx, t), created, nil
+}
+
+// GetTask returns a task.
+func (e *Engine) GetTask(ctx context.Context, id string) (*client.Task, error) {
+	t, err := e.store.GetTask(ctx, id)
+	if err != nil {
+		return nil, taskErr(err)
+	}
+	return e.clientTask(ctx, t), nil
+}
+
+// CancelTask cancels a task that has not finished; a leased task's worker
+// learns of it at its next heartbeat.
+func (e *Engine) CancelTask(ctx context.Context, id string) (*client.Task, error) {
+	t, err := e.rt.CancelTask(ctx, id)
+	if err != nil {
+		return nil, taskErr(err)
+	}
+	return e.clientTask(ctx, t), nil
+}
+
+// ClaimTasks leases up to req.Max ready tasks, waiting up to req.Wait (at
+// most 60s) when none is ready. It returns early with ctx's error when ctx
+// ends.
+func (e *Engine) ClaimTasks(ctx context.Context, req client.ClaimRequest) ([]client.ClaimedTask, error) {
+	if len(req.Types) == 0 {
+		return nil, invalid("types", `types must list at least one type or prefix ("billing.%")`)
+	}
+	for i, t := range req.Types {
+		if t == "" || strings.Contains(strings.TrimSuffix(t, "%"), "%") {
+			return nil, invalid(fmt.Sprintf("types[%d]", i), fmt.Sprintf("%q: use an exact type or a prefix ending in %%", t))
+		}
+	}
+	if req.Lease == 0 {
+		req.Lease = 30 * time.Second
+	}
+	if req.Max == 0 {
+		req.Max = 1
+	}
+	switch {
+	case req.Lease < time.Second || req.Lease > time.Hour:
+		return nil, invalid("lease_seconds", "lease_seconds must be from 1 to 3600")
+	case req.Max < 1 || req.Max > 100:
+		return nil, invalid("max", "max must be from 1 to 100")
+	case req.Wait < 0 || req.Wait > runtime.MaxClaimWait:
+		return nil, invalid("wait_seconds", "wait_seconds must be from 0 to 60")
+	}
+	if req.WorkerID == "" {
+		req.WorkerID = "anonymous"
+	}
+	ts, err := e.rt.ClaimTasks(ctx, runtime.ClaimRequest{Types: req.Types, WorkerID: req.WorkerID, Lease: req.Lease, Max: req.Max, Wait: req.Wait})
+	if err != nil {
+		return nil, taskErr(err)
+	}
+	out := make([]client.ClaimedTask, 0, len(ts))
+	for _, t := range ts {
+		maxAttempts, _ := e.rt.TaskDefaults(ctx, t)
+		ct := client.ClaimedTask{
+			ID: t.ID, Type: t.Type, Payload: t.Payload, Attempt: t.Attempt, MaxAttempts: maxAttempts,
+			LeaseToken: t.LeaseToken, RunID: t.RunID, Step: t.Step,
+		}
+		if t.LeaseUntil != nil {
+			ct.LeaseUntil = t.LeaseUntil.UTC()
+		}
+		out = append(out, ct)
+	}
+	return out, nil
+}
+
+// Heartbeat extends a lease by lease (0 means 30s) and reports whether the
+// task was cancelled.
+func (e *Engine) Heartbeat(ctx context.Context, id, token string, lease time.Duration) (client.HeartbeatResult, error) {
+	if token == "" {
+		return client.HeartbeatResult{}, invalid("lease_token", "lease_token is required")
+	}
+	if lease == 0 {
+		lease = 30 * time.Second
+	}
+	if lease < time.Second || lease > time.Hour {
+		return client.HeartbeatResult{}, invalid("lease_seconds", "lease_seconds must be from 1 to 3600")
+	}
+	res, err := e.rt.Heartbeat(ctx, id, token, lease)
+	if err != nil {
+		return client.HeartbeatResult{}, taskErr(err)
+	}
+	return client.HeartbeatResult{LeaseUntil: res.LeaseUntil.UTC(), CancelRequested: res.CancelRequested}, nil
+}
+
+// CompleteTask records success with result (any JSON-encodable value; a
+// json.RawMessage is kept as is).
+func (e *Engine) CompleteTask(ctx context.Context, id, token string, result any) error {
+	if token == "" {
+		return invalid("lease_token", "lease_token is required")
+	}
+	var raw json.RawMessage
+	switch r := result.(type) {
+	case nil:
+	case json.RawMessage:
+		if !json.Valid(r) {
+			return invalid("result", "result must be JSON")
+		}
+		raw = r
+	default:
+		b, err := json.Marshal(r)
+		if err != nil {
+			return fmt.Errorf("ferry: encode task result: %w", err)
+		}
+		raw = b
+	}
+	_, err := e.rt.CompleteTask(ctx, id, token, raw)
+	return taskErr(err)
+}
+
+// FailTask records a failed attempt, retried with backoff when retryable and
+// attempts remain.
+func (e *Engine) FailTask(ctx context.Context, id, token, msg string, retryable bool) error {
+	if token == "" {
+		return invalid("lease_token", "lease_token is required")
+	}
+	_, err := e.rt.FailTask(ctx, id, token, msg, retryable)
+	return taskErr(err)
+}
+
+// clientTask renders a task as the API does, with its effective defaults.
+func (e *Engine) clientTask(ctx context.Context, t *store.Task) *client.Task {
+	maxAttempts, delay := e.rt.TaskDefaults(ctx, t)
+	ct := &client.Task{
+		ID: t.ID, Type: t.Type, Status: t.Status, Payload: t.Payload, Priority: t.Priority, RunAt: t.RunAt.UTC(),
+		Attempt: t.Attempt, MaxAttempts: maxAttempts, RetryDelay: delay, IdempotencyKey: t.IdempotencyKey,
+		LeasedBy: t.LeasedBy, LeaseUntil: utcPtr(t.LeaseUntil), CancelRequested: t.CancelRequested,
+		Result: t.Result, LastError: t.LastError, RunID: t.RunID, Step: t.Step,
+		CreatedAt: t.CreatedAt.UTC(), UpdatedAt: t.UpdatedAt.UTC(), FinishedAt: utcPtr(t.FinishedAt),
+	}
+	if string(ct.Result) == "null" {
+		ct.Result = nil
+	}
+	if raw, err := json.Marshal(ct); err == nil {
+		ct.Raw = raw
+	}
+	return ct
+}
+
+func utcPtr(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+func invalid(path, msg string) error {
+	return &client.APIError{StatusCode: http.StatusBadRequest, Code: client.CodeInvalidRequest, Message: msg,
+		Details: []client.FieldDetail{{Path: path, Code: client.CodeInvalidRequest, Message: msg}}}
+}
+
+// taskErr maps the runtime's refusals to the API's errors; anything else
+// (a database failure, ctx ending) is returned as is.
+func taskErr(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, runtime.ErrStaleLease):
+		return &client.APIError{StatusCode: http.StatusConflict, Code: client.CodeStaleLease, Message: err.Error()}
+	case errors.Is(err, runtime.ErrTaskFinished):
+		return &client.APIError{StatusCode: http.StatusConflict, Code: client.CodeTaskFinished, Message: err.Error()}
+	case errors.Is(err, runtime.ErrInvalidTask):
+		return &client.APIError{StatusCode: http.StatusBadRequest, Code: client.CodeInvalidRequest, Message: err.Error()}
+	case errors.Is(err, store.ErrNotFound):
+		return &client.APIError{StatusCode: http.StatusNotFound, Code: client.CodeNotFound, Message: strings.TrimSuffix(err.Error(), ": "+store.ErrNotFound.Error())}
+	}
+	return err
+}

@@ -1,0 +1,529 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ferryhq/ferry/client"
+)
+
+// Source hands out tasks and takes their reports. *client.Client (over
+// HTTP) and *ferry.Engine (embedded, in the same process) satisfy it.
+type Source interface {
+	ClaimTasks(ctx context.Context, req client.ClaimRequest) ([]client.ClaimedTask, error)
+	Heartbeat(ctx context.Context, id, token string, lease time.Duration) (client.HeartbeatResult, error)
+	CompleteTask(ctx context.Context, id, token string, result any) error
+	FailTask(ctx context.Context, id, token, msg string, retryable bool) error
+}
+
+// Config configures a Worker. Zero fields take the defaults noted.
+type Config struct {
+	// Types lists the exact types ("billing.invoice.v1") and prefixes
+	// ("billing.%") to claim. Empty means the types given to Handle.
+	Types []string
+	// Concurrency bounds the tasks held at once (default 1).
+	Concurrency int
+	// Lease is how long a task is held without a heartbeat (default 30s,
+	// at least 1s). Heartbeats are sent every Lease/3.
+	Lease time.Duration
+	// WorkerID names the worker in the tasks' events (default
+	// hostname-pid).
+	WorkerID string
+	// PollWait is how long a claim long-polls when nothing is ready
+	// (default 30s, at most 60s).
+	PollWait time.Duration
+	// ShutdownTimeout is how long in-flight handlers may keep running after
+	// Run's context ends before their own context is cancelled (default
+	// 30s).
+	ShutdownTimeout time.Duration
+	// Logger receives the worker's logs (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// Context causes of a handler's cancellation (see context.Cause). A lost
+// lease has a cause matching client.ErrLeaseLost.
+var (
+	// ErrTaskCancelled: the task was cancelled on the server.
+	ErrTaskCancelled = errors.New("worker: task cancelled")
+	// ErrShutdown: the worker is shutting down and ShutdownTimeout passed.
+	ErrShutdown = errors.New("worker: shutdown timeout passed")
+)
+
+// Task is a task handed to a handler.
+type Task struct {
+	ID      string
+	Type    string
+	Payload json.RawMessage
+	// Attempt counts from 1; MaxAttempts is the last one.
+	Attempt     int
+	MaxAttempts int
+	// RunID and Step name the workflow step that owns the task, if any.
+	RunID string
+	Step  string
+}
+
+// Decode unmarshals the task's JSON payload into v.
+func (t *Task) Decode(v any) error {
+	p := t.Payload
+	if len(p) == 0 {
+		p = json.RawMessage("{}")
+	}
+	if err := json.Unmarshal(p, v); err != nil {
+		return fmt.Errorf("task %s: decode %s payload: %w", t.ID, t.Type, err)
+	}
+	return nil
+}
+
+// HandlerFunc does a task's work. Its result (any JSON-encodable value; a
+// json.RawMessage is kept as is) completes the task; an error fails the
+// attempt. ctx is cancelled when the task is cancelled, its lease is lost or
+// the shutdown timeout passes.
+type HandlerFunc func(ctx context.Context, t *Task) (any, error)
+
+// NonRetryable marks err as permanent: the task fails without further
+// attempts. NonRetryable(nil) is nil.
+func NonRetryable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &nonRetryable{err}
+}
+
+// IsNonRetryable reports whether err is, or wraps, an error marked with
+// NonRetryable.
+func IsNonRetryable(err error) bool {
+	var nr *nonRetryable
+	return errors.As(err, &nr)
+}
+
+type nonRetryable struct{ err error }
+
+func (e *nonRetryable) Error() string { return e.err.Error() }
+func (e *nonRetryable) Unwrap() error { return e.err }
+
+// Worker pulls tasks from a Source and runs their handlers.
+type Worker struct {
+	src Source
+	cfg Config
+	log *slog.Logger
+
+	mu       sync.Mutex
+	handlers map[string]HandlerFunc
+	running  bool
+}
+
+// Tunables of the loop.
+const (
+	maxClaim        = 100 // the protocol's cap on one claim
+	maxPollWait     = 60 * time.Second
+	claimBackoffMin = 100 * time.Millisecond
+	claimBackoffMax = 5 * time.Second
+	reportAttempts  = 5
+	reportTimeout   = 10 * time.Second
+	// abandonGrace is how long Run still waits for handlers after it
+	// cancelled their context at the shutdown timeout.
+	abandonGrace = 5 * time.Second
+	maxErrorLen  = 8 << 10
+)
+
+// New returns a worker on src. Register handlers with Handle, then call Run.
+func New(src Source, cfg Config) *Worker {
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 1
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = 30 * time.Second
+	}
+	if cfg.WorkerID == "" {
+		host, _ := os.Hostname()
+		if host == "" {
+			host = "worker"
+		}
+		cfg.WorkerID = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	if cfg.PollWait <= 0 {
+		cfg.PollWait = 30 * time.Second
+	}
+	cfg.PollWait = min(cfg.PollWait, maxPollWait)
+	if cfg.ShutdownTimeout <= 0 {
+		cfg.ShutdownTimeout = 30 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	cfg.Types = slices.Clone(cfg.Types)
+	return &Worker{src: src, cfg: cfg, log: cfg.Logger.With("worker_id", cfg.WorkerID), handlers: map[string]HandlerFunc{}}
+}
+
+// ID is the worker's id, as the tasks' events record it.
+func (w *Worker) ID() string { return w.cfg.WorkerID }
+
+// Handle registers h for tasks of exactly type typ, replacing an earlier
+// handler. When Config.Types is empty, typ is also claimed.
+func (w *Worker) Handle(typ string, h HandlerFunc) {
+	if typ == "" || strings.Contains(typ, "%") || h == nil {
+		panic(fmt.Sprintf("worker: Handle(%q): need an exact type and a handler", typ))
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.handlers[typ] = h
+}
+
+func (w *Worker) handler(typ string) HandlerFunc {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.handlers[typ]
+}
+
+// claimTypes is what to ask for: Config.Types, else the handled types.
+func (w *Worker) claimTypes() []string {
+	if len(w.cfg.Types) > 0 {
+		return w.cfg.Types
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]string, 0, len(w.handlers))
+	for t := range w.handlers {
+		out = append(out, t)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Run claims and handles tasks until ctx ends, then shuts down gracefully:
+// it stops claiming at once, waits for in-flight handlers up to
+// Config.ShutdownTimeout, cancels the context of those still running,
+// reports every outcome and returns. It returns nil after a shutdown in
+// which every handler returned, or an error when the configuration is
+// unusable or a handler ignored its cancelled context (its task is then
+// abandoned: its lease expires and it is handed out again).
+func (w *Worker) Run(ctx context.Context) error {
+	if err := w.check(); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	if w.running {
+		w.mu.Unlock()
+		return errors.New("worker: Run is already running")
+	}
+	w.running = true
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		w.running = false
+		w.mu.Unlock()
+	}()
+
+	// Handlers outlive ctx: their context ends only at the shutdown
+	// deadline.
+	hctx, hardStop := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer hardStop(nil)
+	var (
+		wg       sync.WaitGroup
+		inflight = make(chan struct{}, w.cfg.Concurrency) // a slot per held task
+	)
+	w.log.Info("worker started", "types", w.claimTypes(), "concurrency", w.cfg.Concurrency, "lease", w.cfg.Lease)
+	w.claimLoop(ctx, hctx, inflight, &wg)
+
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	if n := len(inflight); n > 0 {
+		w.log.Info("worker stopping: waiting for in-flight handlers", "in_flight", n, "timeout", w.cfg.ShutdownTimeout)
+	}
+	deadline := time.NewTimer(w.cfg.ShutdownTimeout)
+	defer deadline.Stop()
+	select {
+	case <-done:
+		w.log.Info("worker stopped")
+		return nil
+	case <-deadline.C:
+	}
+	w.log.Warn("shutdown timeout passed: cancelling in-flight handlers", "in_flight", len(inflight))
+	hardStop(ErrShutdown)
+	grace := time.NewTimer(abandonGrace)
+	defer grace.Stop()
+	select {
+	case <-done:
+		w.log.Info("worker stopped")
+		return nil
+	case <-grace.C:
+		n := len(inflight)
+		w.log.Error("handlers ignored their cancelled context; abandoning their tasks", "in_flight", n)
+		return fmt.Errorf("worker: %d handler(s) still running %s after their context was cancelled; their tasks were abandoned", n, abandonGrace)
+	}
+}
+
+func (w *Worker) check() error {
+	if w.cfg.Lease < time.Second {
+		return fmt.Errorf("worker: Lease %s is below the protocol's minimum of 1s", w.cfg.Lease)
+	}
+	for _, t := range w.cfg.Types {
+		if t == "" || strings.Contains(strings.TrimSuffix(t, "%"), "%") {
+			return fmt.Errorf("worker: type %q: use an exact type or a prefix ending in %%", t)
+		}
+	}
+	if len(w.claimTypes()) == 0 {
+		return errors.New("worker: nothing to claim: set Config.Types or register a handler with Handle")
+	}
+	return nil
+}
+
+// claimLoop claims while ctx lives, never holding more tasks than there are
+// slots in inflight. Claim errors back off (jittered, doubling up to 5s).
+func (w *Worker) claimLoop(ctx, hctx context.Context, inflight chan struct{}, wg *sync.WaitGroup) {
+	backoff := time.Duration(0)
+	for ctx.Err() == nil {
+		// Wait for a free slot, then take every other free one.
+		select {
+		case inflight <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		if ctx.Err() != nil { // both were ready
+			<-inflight
+			return
+		}
+		n := 1
+	more:
+		for n < maxClaim {
+			select {
+			case inflight <- struct{}{}:
+				n++
+			default:
+				break more
+			}
+		}
+		polled := time.Now()
+		tasks, err := w.src.ClaimTasks(ctx, client.ClaimRequest{
+			Types: w.claimTypes(), WorkerID: w.cfg.WorkerID, Lease: w.cfg.Lease, Max: n, Wait: w.cfg.PollWait,
+		})
+		// The leases began during the claim: a long-poll returns as soon
+		// as it has claimed, so about now.
+		claimed := time.Now()
+		if err != nil {
+			tasks = nil
+		}
+		for i := len(tasks); i < n; i++ {
+			<-inflight // give back the unused slots
+		}
+		for i, ct := range tasks {
+			if i >= n { // more than asked for: wait for a slot
+				select {
+				case inflight <- struct{}{}:
+				case <-hctx.Done():
+					return
+				}
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-inflight }()
+				w.execute(hctx, ct, claimed)
+			}()
+		}
+		var d time.Duration
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err == nil && (len(tasks) > 0 || claimed.Sub(polled) >= w.cfg.PollWait/2):
+			backoff = 0
+			continue
+		case err == nil:
+			// An empty answer long before the poll's wait: a source that
+			// does not long-poll must not be hammered.
+			d = jitter(claimBackoffMin)
+		default:
+			backoff = min(max(2*backoff, claimBackoffMin), claimBackoffMax)
+			d = jitter(backoff)
+			w.log.Warn("claim failed; backing off", "err", err, "retry_in", d)
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return
+		}
+	}
+}
+
+// jitter spreads d over [d/2, d).
+func jitter(d time.Duration) time.Duration {
+	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+}
+
+// execute runs one claimed task's handler under heartbeats and reports the
+// outcome.
+func (w *Worker) execute(hctx context.Context, ct client.ClaimedTask, claimed time.Time) {
+	log := w.log.With("task_id", ct.ID, "type", ct.Type, "attempt", ct.Attempt)
+	h := w.handler(ct.Type)
+	if h == nil {
+		msg := fmt.Sprintf("no handler for type %s", ct.Type)
+		log.Error("failing task: " + msg)
+		w.report(log, "fail", func(ctx context.Context) error {
+			return w.src.FailTask(ctx, ct.ID, ct.LeaseToken, msg, false)
+		})
+		return
+	}
+	ctx, cancel := context.WithCancelCause(hctx)
+	defer cancel(nil)
+	hb := w.heartbeat(log, ct, claimed, cancel)
+	t := &Task{ID: ct.ID, Type: ct.Type, Payload: ct.Payload, Attempt: ct.Attempt, MaxAttempts: ct.MaxAttempts, RunID: ct.RunID, Step: ct.Step}
+	start := time.Now()
+	res, err := w.call(ctx, log, h, t)
+	if reason := hb.stop(); reason != nil {
+		log.Info("dropping the handler's outcome", "reason", reason, "handler_err", err)
+		return
+	}
+	if err == nil {
+		raw, merr := json.Marshal(res) // validates a json.RawMessage too
+		if merr != nil {
+			err = NonRetryable(fmt.Errorf("encode the handler's result: %w", merr))
+		} else {
+			log.Debug("task handled", "duration", time.Since(start))
+			w.report(log, "complete", func(ctx context.Context) error {
+				return w.src.CompleteTask(ctx, ct.ID, ct.LeaseToken, json.RawMessage(raw))
+			})
+			return
+		}
+	}
+	retryable := !IsNonRetryable(err)
+	msg := err.Error()
+	if msg == "" {
+		msg = "handler failed"
+	}
+	if len(msg) > maxErrorLen {
+		msg = strings.ToValidUTF8(msg[:maxErrorLen], "") + "…"
+	}
+	log.Info("task attempt failed", "err", msg, "retryable", retryable, "duration", time.Since(start))
+	w.report(log, "fail", func(ctx context.Context) error {
+		return w.src.FailTask(ctx, ct.ID, ct.LeaseToken, msg, retryable)
+	})
+}
+
+// call runs the handler, turning a panic into a (retryable) error.
+func (w *Worker) call(ctx context.Context, log *slog.Logger, h HandlerFunc, t *Task) (res any, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			log.Error("handler panicked", "panic", p, "stack", string(debug.Stack()))
+			res, err = nil, fmt.Errorf("panic: %v", p)
+		}
+	}()
+	return h(ctx, t)
+}
+
+// beat is a running heartbeat loop.
+type beat struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	reason error // why the handler was cancelled; read after done
+}
+
+// stop ends the heartbeats and returns why the handler's outcome must be
+// dropped (the task was cancelled or its lease lost), or nil.
+func (b *beat) stop() error {
+	b.cancel()
+	<-b.done
+	return b.reason
+}
+
+// heartbeat extends the lease every Lease/3 until stopped. When the task was
+// cancelled or the lease is lost it cancels the handler (cancelHandler) and
+// ends. A heartbeat that fails for another reason is retried; once no
+// heartbeat succeeded for a whole lease, the lease is taken as lost.
+func (w *Worker) heartbeat(log *slog.Logger, ct client.ClaimedTask, claimed time.Time, cancelHandler context.CancelCauseFunc) *beat {
+	ctx, cancel := context.WithCancel(context.Background())
+	b := &beat{cancel: cancel, done: make(chan struct{})}
+	lease := w.cfg.Lease
+	interval := lease / 3
+	// The lease is held until about lease after the claim, then until
+	// lease after the last successful heartbeat was sent.
+	validUntil := claimed.Add(lease)
+	go func() {
+		defer close(b.done)
+		t := time.NewTimer(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			sent := time.Now()
+			cctx, ccancel := context.WithTimeout(ctx, interval)
+			res, err := w.src.Heartbeat(cctx, ct.ID, ct.LeaseToken, lease)
+			ccancel()
+			if ctx.Err() != nil {
+				return // stopped: the handler returned
+			}
+			switch {
+			case err == nil && res.CancelRequested:
+				b.reason = ErrTaskCancelled
+			case err == nil:
+				validUntil = sent.Add(lease)
+			case errors.Is(err, client.ErrLeaseLost), errors.Is(err, client.ErrTaskFinished):
+				b.reason = err
+			case !time.Now().Before(validUntil):
+				b.reason = fmt.Errorf("%w: no heartbeat succeeded for %s (last error: %v)", client.ErrLeaseLost, lease, err)
+			default:
+				log.Warn("heartbeat failed; retrying", "err", err)
+			}
+			if b.reason != nil {
+				log.Info("cancelling the handler", "reason", b.reason)
+				cancelHandler(b.reason)
+				return
+			}
+			next := interval
+			if err != nil { // retry sooner, while the lease still holds
+				next = max(min(interval, time.Until(validUntil)/2), 10*time.Millisecond)
+			}
+			t.Reset(next)
+		}
+	}()
+	return b
+}
+
+// report sends a completion or failure, retrying transient failures
+// (network errors, 5xx) with backoff on a fresh context: the outcome of a
+// handler that finished during shutdown is still reported.
+func (w *Worker) report(log *slog.Logger, what string, send func(ctx context.Context) error) {
+	delay := claimBackoffMin
+	for attempt := 1; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), reportTimeout)
+		err := send(ctx)
+		cancel()
+		switch {
+		case err == nil:
+			return
+		case errors.Is(err, client.ErrLeaseLost), errors.Is(err, client.ErrTaskFinished):
+			log.Info("report refused; the task moved on without this worker", "report", what, "err", err)
+			return
+		case !transient(err) || attempt == reportAttempts:
+			log.Error("report failed; the task will be handed out again when its lease expires", "report", what, "err", err, "attempts", attempt)
+			return
+		}
+		d := jitter(delay)
+		log.Warn("report failed; retrying", "report", what, "err", err, "retry_in", d)
+		time.Sleep(d)
+		delay = min(2*delay, claimBackoffMax)
+	}
+}
+
+// transient: worth retrying (no answer, or a server-side failure).
+func transient(err error) bool {
+	var ae *client.APIError
+	if errors.As(err, &ae) {
+		return ae.StatusCode >= 500 || ae.StatusCode == 429 || ae.StatusCode == 408
+	}
+	return true
+}

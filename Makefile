@@ -26,3 +26,12 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzParseCondition -fuzztime=30s ./internal/expr/
 	$(GO) test -run='^$$' -fuzz=FuzzParseTemplate -fuzztime=30s ./internal/expr/
 	$(GO) test -run='^$$' -fuzz=FuzzParse -fuzztime=30s ./internal/spec/
+
+# Every workload on SQLite and on the local Postgres; JSON lines in
+# bench/results.jsonl. Timing never runs in `make test`.
+BENCH_PG ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
+bench:
+	$(GO) build -o bin/ferry ./cmd/ferry
+	./bin/ferry bench --workload all --database sqlite --json > bench/results.jsonl
+	./bin/ferry bench --workload all --database '$(BENCH_PG)' --json >> bench/results.jsonl
+	cat bench/results.jsonl

@@ -3,6 +3,7 @@ package ferry
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -56,10 +57,11 @@ type Config struct {
 
 // Engine is a running Ferry instance.
 type Engine struct {
-	store store.Store
-	rt    *runtime.Runtime
-	api   *api.Server
-	log   *slog.Logger
+	store  store.Store
+	rt     *runtime.Runtime
+	api    *api.Server
+	log    *slog.Logger
+	limits spec.Limits
 }
 
 // OpenStore opens the store named by a database URL.
@@ -115,7 +117,7 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 		SafetyTick:  cfg.SafetyTick,
 	})
 	srv := api.New(api.Config{Store: st, Runtime: rt, Limits: limits, Logger: cfg.Logger})
-	return &Engine{store: st, rt: rt, api: srv, log: cfg.Logger}, nil
+	return &Engine{store: st, rt: rt, api: srv, log: cfg.Logger, limits: limits}, nil
 }
 
 // Handler serves the REST API, webhook callbacks and /healthz.
@@ -166,4 +168,33 @@ func Migrate(ctx context.Context, database string) error {
 		return err
 	}
 	return errors.Join(st.Migrate(ctx), st.Close())
+}
+
+// ApplyWorkflow creates a workflow from a JSON or YAML definition, or stores
+// a new version when one with that name exists. It returns the workflow id
+// and version.
+func (e *Engine) ApplyWorkflow(ctx context.Context, definition []byte) (id string, version int, err error) {
+	def, err := spec.Parse(definition, e.limits)
+	if err != nil {
+		return "", 0, err
+	}
+	rec := &store.Workflow{Name: def.Name, Definition: def.Source, Fingerprint: def.Fingerprint(), Enabled: def.Enabled}
+	wf, err := e.store.CreateWorkflow(ctx, rec)
+	if errors.Is(err, store.ErrConflict) {
+		wf, err = e.store.UpdateWorkflow(ctx, def.Name, rec)
+	}
+	if err != nil {
+		return "", 0, err
+	}
+	return wf.ID, wf.Version, nil
+}
+
+// Trigger starts a run of the workflow named by id or name with a JSON
+// input; a repeated idempotency key returns the first run's id.
+func (e *Engine) Trigger(ctx context.Context, workflow string, input json.RawMessage, idempotencyKey string) (runID string, err error) {
+	run, _, err := e.rt.Trigger(ctx, runtime.TriggerRequest{Workflow: workflow, Input: input, IdempotencyKey: idempotencyKey})
+	if err != nil {
+		return "", err
+	}
+	return run.ID, nil
 }

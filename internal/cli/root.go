@@ -30,7 +30,7 @@ func NewRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serverCmd(), migrateCmd())
+	root.AddCommand(serverCmd(), migrateCmd(), benchCmd())
 	addClientCommands(root)
 	return root
 }

@@ -1,0 +1,282 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/internal/status"
+	"github.com/ferryhq/ferry/internal/store"
+	"github.com/ferryhq/ferry/worker"
+)
+
+// Workloads in the order `all` runs them.
+var Workloads = []string{"jobs", "chain10", "fanout", "sleep"}
+
+// Options selects and sizes a benchmark.
+type Options struct {
+	Workload string // one of Workloads, or "all"
+	Database string // "sqlite" / "sqlite:DIR-or-FILE" or a postgres:// URL
+	N        int    // runs (0 = the workload's default)
+	// Workers is the worker SDK's concurrency (handlers in flight).
+	Workers int
+	// Engine concurrency (dispatcher slots).
+	Concurrency int
+	Timeout     time.Duration
+	Logger      *slog.Logger
+}
+
+// Pct are latency percentiles in milliseconds.
+type Pct struct {
+	P50 float64 `json:"p50"`
+	P95 float64 `json:"p95"`
+	P99 float64 `json:"p99"`
+	Max float64 `json:"max"`
+}
+
+// Result is one workload's figures; the JSON keys are read by tools.
+type Result struct {
+	Workload   string         `json:"workload"`
+	Backend    string         `json:"backend"`
+	N          int            `json:"n"`
+	Completed  int            `json:"completed"`
+	TotalS     float64        `json:"total_s"`
+	UnitsPerS  float64        `json:"units_per_s"`
+	StepsPerS  float64        `json:"steps_per_s"`
+	LatencyMS  *Pct           `json:"latency_ms"`
+	HandoffMS  *Pct           `json:"handoff_ms"`
+	LatenessMS *Pct           `json:"lateness_ms"`
+	PeakRSSMB  float64        `json:"peak_rss_mb"`
+	Settings   map[string]any `json:"settings"`
+}
+
+var defaultN = map[string]int{"jobs": 20000, "chain10": 1000, "fanout": 1000, "sleep": 10000}
+
+// Run runs the selected workloads one after the other, each on a fresh
+// database, and writes each result as a JSON line to out as it finishes.
+func Run(ctx context.Context, o Options, out io.Writer) ([]Result, error) {
+	names := []string{o.Workload}
+	if o.Workload == "all" {
+		names = Workloads
+	}
+	var results []Result
+	for _, name := range names {
+		if _, ok := defaultN[name]; !ok {
+			return results, fmt.Errorf("unknown workload %q (use %s or all)", name, strings.Join(Workloads, ", "))
+		}
+		r, err := runOne(ctx, name, o)
+		if err != nil {
+			return results, fmt.Errorf("%s: %w", name, err)
+		}
+		results = append(results, r)
+		if out != nil {
+			b, _ := json.Marshal(r)
+			fmt.Fprintln(out, string(b))
+		}
+	}
+	return results, nil
+}
+
+// env is one fresh engine with its workers.
+type env struct {
+	eng      *ferry.Engine
+	st       store.Store
+	backend  string
+	settings map[string]any
+	stop     func()
+	// startWorkers starts the in-process worker pool.
+	startWorkers func()
+}
+
+func freshDatabase(ctx context.Context, database string) (url string, backend string, cleanup func(), err error) {
+	switch {
+	case database == "" || database == "sqlite" || strings.HasPrefix(database, "sqlite:"):
+		dir, err := os.MkdirTemp("", "ferry-bench-")
+		if err != nil {
+			return "", "", nil, err
+		}
+		return "sqlite:" + filepath.Join(dir, "bench.db"), "sqlite", func() { os.RemoveAll(dir) }, nil
+	case strings.HasPrefix(database, "postgres://"), strings.HasPrefix(database, "postgresql://"):
+		schema := "ferry_bench_" + strings.ToLower(rand.Text()[:10])
+		conn, err := pgx.Connect(ctx, database)
+		if err != nil {
+			return "", "", nil, err
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+			return "", "", nil, err
+		}
+		dsn, err := withSearchPath(database, schema)
+		if err != nil {
+			return "", "", nil, err
+		}
+		return dsn, "postgres", func() {
+			c, err := pgx.Connect(context.Background(), database)
+			if err == nil {
+				_, _ = c.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
+				c.Close(context.Background())
+			}
+		}, nil
+	}
+	return "", "", nil, fmt.Errorf("database %q: use sqlite or a postgres:// URL", database)
+}
+
+func withSearchPath(dsn, schema string) (string, error) {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "", err
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String(), nil
+}
+
+func start(ctx context.Context, o Options, handler worker.HandlerFunc) (*env, error) {
+	dsn, backend, cleanup, err := freshDatabase(ctx, o.Database)
+	if err != nil {
+		return nil, err
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	eng, err := ferry.Open(ctx, ferry.Config{Database: dsn, Migrate: true, Concurrency: o.Concurrency, Logger: log, PublicURL: "http://127.0.0.1:0"})
+	if err != nil {
+		cleanup()
+		return nil, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = eng.Run(rctx) }()
+	w := worker.New(eng, worker.Config{Types: []string{"bench.%"}, Concurrency: o.Workers, Lease: 30 * time.Second, PollWait: time.Second, WorkerID: "bench", Logger: log})
+	w.Handle("bench.noop.v1", handler)
+	e := &env{eng: eng, st: eng.Store(), backend: backend, settings: map[string]any{
+		"workers": o.Workers, "engine_concurrency": o.Concurrency, "lease": "30s", "poll_wait": "1s",
+	}}
+	e.startWorkers = func() {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = w.Run(rctx) }()
+	}
+	e.stop = func() {
+		cancel()
+		wg.Wait()
+		eng.Close()
+		cleanup()
+	}
+	return e, nil
+}
+
+func noop(context.Context, *worker.Task) (any, error) { return map[string]any{"ok": true}, nil }
+
+// waitDone polls run counts until n runs of the workflow are finished.
+func (e *env) waitDone(ctx context.Context, workflowID string, n int, timeout time.Duration) (int, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		counts, err := e.st.CountRuns(ctx, workflowID)
+		if err != nil {
+			return 0, err
+		}
+		done := 0
+		for st, c := range counts {
+			if status.RunTerminal(st) {
+				done += c
+			}
+		}
+		if done >= n {
+			return counts[status.RunCompleted], nil
+		}
+		if time.Now().After(deadline) {
+			return counts[status.RunCompleted], fmt.Errorf("timed out: %d of %d runs finished (%v)", done, n, counts)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// allRuns reads every run of a workflow with its steps.
+func (e *env) allRuns(ctx context.Context, workflowID string, withSteps bool) ([]*store.Run, map[string][]*store.StepRun, error) {
+	var runs []*store.Run
+	steps := map[string][]*store.StepRun{}
+	cursor := ""
+	for {
+		page, next, err := e.st.ListRuns(ctx, workflowID, store.Page{Cursor: cursor, Limit: 500})
+		if err != nil {
+			return nil, nil, err
+		}
+		runs = append(runs, page...)
+		if next == "" {
+			break
+		}
+		cursor = next
+	}
+	if withSteps {
+		for _, r := range runs {
+			_, ss, err := e.st.GetRun(ctx, r.ID)
+			if err != nil {
+				return nil, nil, err
+			}
+			steps[r.ID] = ss
+		}
+	}
+	return runs, steps, nil
+}
+
+func pct(ms []float64) *Pct {
+	if len(ms) == 0 {
+		return nil
+	}
+	sort.Float64s(ms)
+	at := func(q float64) float64 {
+		i := int(q * float64(len(ms)-1))
+		return round(ms[i])
+	}
+	return &Pct{P50: at(0.50), P95: at(0.95), P99: at(0.99), Max: round(ms[len(ms)-1])}
+}
+
+func round(v float64) float64 { return float64(int64(v*100+0.5)) / 100 }
+
+func msBetween(a, b time.Time) float64 { return float64(b.Sub(a).Microseconds()) / 1000 }
+
+// triggerAll starts n runs from 8 goroutines and returns when all are in.
+func (e *env) triggerAll(ctx context.Context, workflow string, n int) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	per := (n + 7) / 8
+	for g := 0; g < 8; g++ {
+		lo, hi := g*per, min((g+1)*per, n)
+		if lo >= hi {
+			break
+		}
+		wg.Add(1)
+		go func(lo, hi int) {
+			defer wg.Done()
+			for i := lo; i < hi; i++ {
+				if _, err := e.eng.Trigger(ctx, workflow, json.RawMessage(fmt.Sprintf(`{"i":%d}`, i)), ""); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}(lo, hi)
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}

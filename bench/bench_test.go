@@ -1,0 +1,60 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/store/postgres/pgtest"
+)
+
+// TestWorkloadsReportEveryKey runs each workload small on both backends and
+// checks the JSON line carries the keys tools read. Timing is not asserted.
+func TestWorkloadsReportEveryKey(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs every workload")
+	}
+	for _, db := range []string{"sqlite", "postgres"} {
+		t.Run(db, func(t *testing.T) {
+			database := db
+			if db == "postgres" {
+				// The bench makes its own schema; pgtest only proves the
+				// server is there (and fails under CI when it is not).
+				dsn := pgtest.DSN(t)
+				database = dsn[:strings.Index(dsn, "?")] + "?sslmode=disable"
+			}
+			var out bytes.Buffer
+			res, err := Run(t.Context(), Options{Workload: "all", Database: database, N: 12, Workers: 8, Timeout: time.Minute}, &out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res) != 4 {
+				t.Fatalf("%d results", len(res))
+			}
+			lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+			if len(lines) != 4 {
+				t.Fatalf("%d JSON lines", len(lines))
+			}
+			for i, line := range lines {
+				var m map[string]any
+				if err := json.Unmarshal([]byte(line), &m); err != nil {
+					t.Fatal(err)
+				}
+				for _, k := range []string{"workload", "backend", "n", "completed", "total_s", "units_per_s", "steps_per_s", "latency_ms", "handoff_ms", "lateness_ms", "peak_rss_mb", "settings"} {
+					if _, ok := m[k]; !ok {
+						t.Errorf("%s: key %q missing", m["workload"], k)
+					}
+				}
+				r := res[i]
+				if r.Completed != 12 || r.Backend != db || r.UnitsPerS <= 0 {
+					t.Errorf("%s: %+v", r.Workload, r)
+				}
+			}
+			if res[1].HandoffMS == nil || res[3].LatenessMS == nil {
+				t.Errorf("chain10 needs handoff_ms and sleep lateness_ms")
+			}
+		})
+	}
+}

@@ -1,0 +1,268 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/status"
+	"github.com/ferryhq/ferry/internal/store"
+	"github.com/ferryhq/ferry/worker"
+)
+
+func runOne(ctx context.Context, name string, o Options) (Result, error) {
+	if o.N <= 0 {
+		o.N = defaultN[name]
+	}
+	if o.Workers <= 0 {
+		o.Workers = 64
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 30 * time.Minute
+	}
+	resetPeakRSS()
+	switch name {
+	case "jobs":
+		return jobs(ctx, o)
+	case "chain10":
+		return chain(ctx, o)
+	case "fanout":
+		return fanout(ctx, o)
+	default:
+		return sleepers(ctx, o)
+	}
+}
+
+func result(name string, e *env, o Options) Result {
+	e.settings["n"] = o.N
+	return Result{Workload: name, Backend: e.backend, N: o.N, Settings: e.settings}
+}
+
+// jobs: N one-step runs created first, then drained.
+func jobs(ctx context.Context, o Options) (Result, error) {
+	e, err := start(ctx, o, noop)
+	if err != nil {
+		return Result{}, err
+	}
+	defer e.stop()
+	id, _, err := e.eng.ApplyWorkflow(ctx, []byte(`{"name": "bench-jobs", "tasks": {"job": {"task": {"type": "bench.noop.v1"}}}}`))
+	if err != nil {
+		return Result{}, err
+	}
+	if err := e.triggerAll(ctx, "bench-jobs", o.N); err != nil {
+		return Result{}, err
+	}
+	e.startWorkers()
+	completed, err := e.waitDone(ctx, id, o.N, o.Timeout)
+	if err != nil {
+		return Result{}, err
+	}
+	runs, _, err := e.allRuns(ctx, id, false)
+	if err != nil {
+		return Result{}, err
+	}
+	r := result("jobs", e, o)
+	first, last, lat := span(runs)
+	r.Completed, r.TotalS = completed, last.Sub(first).Seconds()
+	r.UnitsPerS = round(float64(completed) / r.TotalS)
+	r.StepsPerS = r.UnitsPerS
+	r.LatencyMS = pct(lat)
+	r.PeakRSSMB = peakRSS()
+	return r, nil
+}
+
+// chain10: runs of 10 sequential steps, all in flight at once; hand-off is
+// measured inside the handlers (step k ends → step k+1 starts).
+func chain(ctx context.Context, o Options) (Result, error) {
+	var mu sync.Mutex
+	type mark struct{ start, end time.Time }
+	marks := map[string]map[string]*mark{}
+	h := func(_ context.Context, t *worker.Task) (any, error) {
+		now := time.Now()
+		mu.Lock()
+		m := marks[t.RunID]
+		if m == nil {
+			m = map[string]*mark{}
+			marks[t.RunID] = m
+		}
+		m[t.Step] = &mark{start: now}
+		mu.Unlock()
+		end := time.Now()
+		mu.Lock()
+		m[t.Step].end = end
+		mu.Unlock()
+		return map[string]any{"ok": true}, nil
+	}
+	e, err := start(ctx, o, h)
+	if err != nil {
+		return Result{}, err
+	}
+	defer e.stop()
+	var steps []string
+	for i := 1; i <= 10; i++ {
+		need := ""
+		if i > 1 {
+			need = fmt.Sprintf(`"needs": ["s%d"], `, i-1)
+		}
+		steps = append(steps, fmt.Sprintf(`"s%d": {%s"task": {"type": "bench.noop.v1"}}`, i, need))
+	}
+	id, _, err := e.eng.ApplyWorkflow(ctx, []byte(`{"name": "bench-chain10", "tasks": {`+strings.Join(steps, ",")+`}}`))
+	if err != nil {
+		return Result{}, err
+	}
+	e.startWorkers()
+	if err := e.triggerAll(ctx, "bench-chain10", o.N); err != nil {
+		return Result{}, err
+	}
+	completed, err := e.waitDone(ctx, id, o.N, o.Timeout)
+	if err != nil {
+		return Result{}, err
+	}
+	runs, _, err := e.allRuns(ctx, id, false)
+	if err != nil {
+		return Result{}, err
+	}
+	r := result("chain10", e, o)
+	first, last, lat := span(runs)
+	r.Completed, r.TotalS = completed, last.Sub(first).Seconds()
+	r.UnitsPerS = round(float64(completed) / r.TotalS)
+	r.StepsPerS = round(float64(completed*10) / r.TotalS)
+	r.LatencyMS = pct(lat)
+	var hand []float64
+	mu.Lock()
+	for _, m := range marks {
+		for k := 1; k < 10; k++ {
+			a, b := m["s"+strconv.Itoa(k)], m["s"+strconv.Itoa(k+1)]
+			if a != nil && b != nil {
+				hand = append(hand, msBetween(a.end, b.start))
+			}
+		}
+	}
+	mu.Unlock()
+	r.HandoffMS = pct(hand)
+	r.PeakRSSMB = peakRSS()
+	return r, nil
+}
+
+// fanout: A → 8 parallel steps → Z.
+func fanout(ctx context.Context, o Options) (Result, error) {
+	e, err := start(ctx, o, noop)
+	if err != nil {
+		return Result{}, err
+	}
+	defer e.stop()
+	parts := []string{`"a": {"task": {"type": "bench.noop.v1"}}`}
+	var mids []string
+	for i := 1; i <= 8; i++ {
+		parts = append(parts, fmt.Sprintf(`"m%d": {"needs": ["a"], "task": {"type": "bench.noop.v1"}}`, i))
+		mids = append(mids, fmt.Sprintf(`"m%d"`, i))
+	}
+	parts = append(parts, `"z": {"needs": [`+strings.Join(mids, ",")+`], "task": {"type": "bench.noop.v1"}}`)
+	id, _, err := e.eng.ApplyWorkflow(ctx, []byte(`{"name": "bench-fanout", "tasks": {`+strings.Join(parts, ",")+`}}`))
+	if err != nil {
+		return Result{}, err
+	}
+	e.startWorkers()
+	if err := e.triggerAll(ctx, "bench-fanout", o.N); err != nil {
+		return Result{}, err
+	}
+	completed, err := e.waitDone(ctx, id, o.N, o.Timeout)
+	if err != nil {
+		return Result{}, err
+	}
+	runs, _, err := e.allRuns(ctx, id, false)
+	if err != nil {
+		return Result{}, err
+	}
+	r := result("fanout", e, o)
+	first, last, lat := span(runs)
+	r.Completed, r.TotalS = completed, last.Sub(first).Seconds()
+	r.UnitsPerS = round(float64(completed) / r.TotalS)
+	r.StepsPerS = round(float64(completed*10) / r.TotalS)
+	r.LatencyMS = pct(lat)
+	r.PeakRSSMB = peakRSS()
+	return r, nil
+}
+
+// sleep: runs that sleep 1s and then run one no-op step; lateness is the
+// sleep step's actual end minus its intended wake time.
+func sleepers(ctx context.Context, o Options) (Result, error) {
+	e, err := start(ctx, o, noop)
+	if err != nil {
+		return Result{}, err
+	}
+	defer e.stop()
+	id, _, err := e.eng.ApplyWorkflow(ctx, []byte(`{"name": "bench-sleep", "tasks": {"nap": {"sleep": "1s"}, "after": {"needs": ["nap"], "task": {"type": "bench.noop.v1"}}}}`))
+	if err != nil {
+		return Result{}, err
+	}
+	e.startWorkers()
+	if err := e.triggerAll(ctx, "bench-sleep", o.N); err != nil {
+		return Result{}, err
+	}
+	completed, err := e.waitDone(ctx, id, o.N, o.Timeout)
+	if err != nil {
+		return Result{}, err
+	}
+	runs, steps, err := e.allRuns(ctx, id, true)
+	if err != nil {
+		return Result{}, err
+	}
+	r := result("sleep", e, o)
+	first, last, lat := span(runs)
+	r.Completed, r.TotalS = completed, last.Sub(first).Seconds()
+	r.UnitsPerS = round(float64(completed) / r.TotalS)
+	r.StepsPerS = round(float64(completed*2) / r.TotalS)
+	r.LatencyMS = pct(lat)
+	var late []float64
+	for _, ss := range steps {
+		for _, s := range ss {
+			if s.Name == "nap" && s.Status == status.StepSuccess && s.WakeAt != nil && s.FinishedAt != nil {
+				late = append(late, msBetween(*s.WakeAt, *s.FinishedAt))
+			}
+		}
+	}
+	r.LatenessMS = pct(late)
+	r.PeakRSSMB = peakRSS()
+	return r, nil
+}
+
+// span is the first start, the last finish and each run's latency.
+func span(runs []*store.Run) (time.Time, time.Time, []float64) {
+	var first, last time.Time
+	lat := make([]float64, 0, len(runs))
+	for _, r := range runs {
+		if first.IsZero() || r.StartedAt.Before(first) {
+			first = r.StartedAt
+		}
+		if r.FinishedAt != nil {
+			if r.FinishedAt.After(last) {
+				last = *r.FinishedAt
+			}
+			lat = append(lat, msBetween(r.StartedAt, *r.FinishedAt))
+		}
+	}
+	return first, last, lat
+}
+
+// resetPeakRSS restarts the kernel's high-water mark of this process.
+func resetPeakRSS() { _ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) }
+
+// peakRSS is the process's resident high-water mark in MB.
+func peakRSS() float64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
+			return round(kb / 1024)
+		}
+	}
+	return 0
+}

@@ -1,0 +1,61 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ferryhq/ferry/bench"
+)
+
+func benchCmd() *cobra.Command {
+	var o bench.Options
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure throughput and latency on an embedded engine (jobs, chain10, fanout, sleep)",
+		Long: `Run benchmark workloads on an embedded engine with in-process no-op task
+handlers (the worker SDK, no HTTP). Each workload runs on a fresh database: a
+temporary SQLite file, or a new schema in the given Postgres database that is
+dropped afterwards.`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			out := cmd.OutOrStdout()
+			var w io.Writer
+			if asJSON {
+				w = out
+			}
+			results, err := bench.Run(cmd.Context(), o, w)
+			if !asJSON {
+				for _, r := range results {
+					printResult(out, r)
+				}
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Workload, "workload", "all", "jobs, chain10, fanout, sleep or all")
+	f.StringVar(&o.Database, "database", "sqlite", "sqlite or a postgres:// URL")
+	f.IntVarP(&o.N, "n", "n", 0, "runs per workload (default: jobs 20000, chain10 1000, fanout 1000, sleep 10000)")
+	f.IntVar(&o.Workers, "workers", 64, "worker SDK concurrency (handlers in flight)")
+	f.IntVar(&o.Concurrency, "concurrency", 64, "engine dispatcher slots")
+	f.DurationVar(&o.Timeout, "timeout", 30*time.Minute, "give up on a workload after this long")
+	f.BoolVar(&asJSON, "json", false, "print one JSON object per workload")
+	return cmd
+}
+
+func printResult(w io.Writer, r bench.Result) {
+	fmt.Fprintf(w, "%-8s %-8s n=%-6d completed=%-6d %.2fs  %.1f units/s  %.1f steps/s", r.Workload, r.Backend, r.N, r.Completed, r.TotalS, r.UnitsPerS, r.StepsPerS)
+	if p := r.LatencyMS; p != nil {
+		fmt.Fprintf(w, "  latency p50/p95/p99 %.1f/%.1f/%.1f ms", p.P50, p.P95, p.P99)
+	}
+	if p := r.HandoffMS; p != nil {
+		fmt.Fprintf(w, "  handoff p50/p99 %.2f/%.2f ms", p.P50, p.P99)
+	}
+	if p := r.LatenessMS; p != nil {
+		fmt.Fprintf(w, "  lateness p50/p99 %.2f/%.2f ms", p.P50, p.P99)
+	}
+	fmt.Fprintf(w, "  peak RSS %.0f MB\n", r.PeakRSSMB)
+}

@@ -3,6 +3,8 @@ package cli
 import (
 	"fmt"
 	"io"
+	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -13,6 +15,7 @@ import (
 func benchCmd() *cobra.Command {
 	var o bench.Options
 	var asJSON bool
+	var cpuProfile string
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure throughput and latency on an embedded engine (jobs, chain10, fanout, sleep)",
@@ -22,6 +25,17 @@ temporary SQLite file, or a new schema in the given Postgres database that is
 dropped afterwards.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			out := cmd.OutOrStdout()
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return err
+				}
+				defer pprof.StopCPUProfile()
+			}
 			var w io.Writer
 			if asJSON {
 				w = out
@@ -43,6 +57,7 @@ dropped afterwards.`,
 	f.IntVar(&o.Concurrency, "concurrency", 64, "engine dispatcher slots")
 	f.DurationVar(&o.Timeout, "timeout", 30*time.Minute, "give up on a workload after this long")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object per workload")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile (pprof) to this file")
 	return cmd
 }
 

@@ -77,6 +77,7 @@ func Next(r Run) []Decision {
 		states[k] = v
 	}
 	var out []Decision
+	sc := &lazyScope{r: r, states: states}
 	for changed := true; changed; {
 		changed = false
 		for _, st := range r.Def.Steps {
@@ -87,14 +88,16 @@ func Next(r Run) []Decision {
 			if !needsTerminal(st, states) {
 				continue
 			}
-			d := decide(r, st, states)
+			d := decide(st, states, sc)
 			out = append(out, d)
 			switch d.Action {
 			case Skip:
 				states[st.Name] = StepState{Status: status.StepSkipped, Blocked: d.Blocked}
+				sc.finished(st.Name, states[st.Name])
 				changed = true
 			case TemplateError:
 				states[st.Name] = StepState{Status: status.StepTemplateError}
+				sc.finished(st.Name, states[st.Name])
 				changed = true
 			case StartHTTP:
 				states[st.Name] = StepState{Status: status.StepRunning}
@@ -110,6 +113,29 @@ func Next(r Run) []Decision {
 	return out
 }
 
+// lazyScope builds the template scope once per Next call, and only if a
+// decision needs it: decoding every finished step's body for each decision
+// made a 100-step evaluation a thousand times slower.
+type lazyScope struct {
+	r      Run
+	states map[string]StepState
+	sc     *expr.Scope
+}
+
+func (l *lazyScope) get() *expr.Scope {
+	if l.sc == nil {
+		l.sc = scope(l.r, l.states)
+	}
+	return l.sc
+}
+
+// finished adds a step that became terminal during this call.
+func (l *lazyScope) finished(name string, s StepState) {
+	if l.sc != nil {
+		l.sc.Tasks[name] = stepResult(s)
+	}
+}
+
 func needsTerminal(st *spec.Step, states map[string]StepState) bool {
 	for _, n := range st.Needs {
 		if !status.StepTerminal(states[n].Status) {
@@ -119,7 +145,7 @@ func needsTerminal(st *spec.Step, states map[string]StepState) bool {
 	return true
 }
 
-func decide(r Run, st *spec.Step, states map[string]StepState) Decision {
+func decide(st *spec.Step, states map[string]StepState, sc *lazyScope) Decision {
 	if st.Cond == nil && st.If == "" {
 		// A failed need blocks the step whatever else its needs did, so
 		// failures are looked for first: whether the run fails must not
@@ -143,7 +169,7 @@ func decide(r Run, st *spec.Step, states map[string]StepState) Decision {
 			}
 			cond = c
 		}
-		if !cond.Eval(scope(r, states)) {
+		if !cond.Eval(sc.get()) {
 			return Decision{Step: st.Name, Action: Skip, Reason: "condition is false: " + st.If}
 		}
 	}
@@ -153,13 +179,13 @@ func decide(r Run, st *spec.Step, states map[string]StepState) Decision {
 	case spec.StepWebhook:
 		return Decision{Step: st.Name, Action: StartWait, Timeout: st.WaitTimeout}
 	case spec.StepTask:
-		payload, err := renderPayload(st, scope(r, states))
+		payload, err := renderPayload(st, sc.get())
 		if err != nil {
 			return Decision{Step: st.Name, Action: TemplateError, Reason: templateMessage(err)}
 		}
 		return Decision{Step: st.Name, Action: StartTask, Payload: payload}
 	}
-	req, err := renderHTTP(st, scope(r, states))
+	req, err := renderHTTP(st, sc.get())
 	if err != nil {
 		return Decision{Step: st.Name, Action: TemplateError, Reason: templateMessage(err)}
 	}
@@ -246,19 +272,23 @@ func scope(r Run, states map[string]StepState) *expr.Scope {
 		if !status.StepTerminal(s.Status) {
 			continue
 		}
-		res := expr.StepResult{Status: s.Status, StatusCode: s.StatusCode, Headers: s.Headers, Truncated: s.Truncated}
-		if s.Truncated {
-			res.BodyRaw = string(s.Body)
-		} else if len(s.Body) > 0 {
-			if v, ok := tryJSON(s.Body); ok {
-				res.Body, res.BodyJSON = v, true
-			} else {
-				res.BodyRaw = string(s.Body)
-			}
-		}
-		sc.Tasks[name] = res
+		sc.Tasks[name] = stepResult(s)
 	}
 	return sc
+}
+
+func stepResult(s StepState) expr.StepResult {
+	res := expr.StepResult{Status: s.Status, StatusCode: s.StatusCode, Headers: s.Headers, Truncated: s.Truncated}
+	if s.Truncated {
+		res.BodyRaw = string(s.Body)
+	} else if len(s.Body) > 0 {
+		if v, ok := tryJSON(s.Body); ok {
+			res.Body, res.BodyJSON = v, true
+		} else {
+			res.BodyRaw = string(s.Body)
+		}
+	}
+	return res
 }
 
 func decodeJSON(raw []byte) any {

@@ -24,7 +24,7 @@ CREATE TABLE tasks (
     finished_at      INTEGER
 );
 CREATE UNIQUE INDEX tasks_idempotency ON tasks(idempotency_key) WHERE idempotency_key IS NOT NULL;
-CREATE INDEX tasks_claim ON tasks(status, run_at, priority);
+CREATE INDEX tasks_claim ON tasks(status, priority, run_at, created_at);
 CREATE INDEX tasks_type ON tasks(type);
 CREATE INDEX tasks_run ON tasks(run_id) WHERE run_id IS NOT NULL;
 

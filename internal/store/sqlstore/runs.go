@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/ferryhq/ferry/internal/store"
@@ -114,19 +115,33 @@ func (s *Store) enqueue(ctx context.Context, tx execer, items []store.QueueItem)
 }
 
 func (s *Store) appendEvents(ctx context.Context, tx execer, runID string, seq *int64, now time.Time, evs []store.NewEvent) error {
-	for _, e := range evs {
-		*seq++
-		var data any
-		if e.Data != nil {
-			b, err := json.Marshal(e.Data)
-			if err != nil {
-				return fmt.Errorf("encode event: %w", err)
+	// One multi-row INSERT per batch: a round trip per event was a large
+	// share of a decision's cost.
+	const per = 100
+	for len(evs) > 0 {
+		batch := evs[:min(per, len(evs))]
+		evs = evs[len(batch):]
+		var sb strings.Builder
+		sb.WriteString(`INSERT INTO events (run_id, seq, type, step, data, at) VALUES `)
+		args := make([]any, 0, len(batch)*6)
+		for i, e := range batch {
+			*seq++
+			var data any
+			if e.Data != nil {
+				b, err := json.Marshal(e.Data)
+				if err != nil {
+					return fmt.Errorf("encode event: %w", err)
+				}
+				data = string(b)
 			}
-			data = string(b)
+			if i > 0 {
+				sb.WriteByte(',')
+			}
+			sb.WriteString(`(?, ?, ?, ?, ?, ?)`)
+			args = append(args, runID, *seq, e.Type, e.Step, data, ts(now))
 		}
-		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO events (run_id, seq, type, step, data, at) VALUES (?, ?, ?, ?, ?, ?)`),
-			runID, *seq, e.Type, e.Step, data, ts(now)); err != nil {
-			return fmt.Errorf("append event: %w", err)
+		if _, err := tx.ExecContext(ctx, s.q(sb.String()), args...); err != nil {
+			return fmt.Errorf("append events: %w", err)
 		}
 	}
 	return nil

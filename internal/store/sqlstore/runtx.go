@@ -21,15 +21,12 @@ func (s *Store) InRun(ctx context.Context, runID string, now time.Time, fn func(
 	}
 	defer tx.Rollback() //nolint:errcheck
 	var seq int64
-	run, err := scanRun(tx.QueryRowContext(ctx, s.q(`SELECT `+runCols+` FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE r.id = ?`+lockOf(s.d.LockRun)), runID))
+	run, err := scanRun(rowTail{tx.QueryRowContext(ctx, s.q(`SELECT `+runCols+`, r.event_seq FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE r.id = ?`+lockOf(s.d.LockRun)), runID), &seq})
 	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("run %q: %w", runID, store.ErrNotFound)
 	}
 	if err != nil {
 		return fmt.Errorf("lock run: %w", err)
-	}
-	if err := tx.QueryRowContext(ctx, s.q(`SELECT event_seq FROM runs WHERE id = ?`), runID).Scan(&seq); err != nil {
-		return err
 	}
 	steps, err := s.loadSteps(ctx, tx, runID)
 	if err != nil {

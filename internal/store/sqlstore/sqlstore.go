@@ -216,11 +216,9 @@ func (s *Store) UpdateWorkflow(ctx context.Context, ref string, w *store.Workflo
 
 // GetWorkflow returns a live workflow by id or name.
 func (s *Store) GetWorkflow(ctx context.Context, ref string) (*store.Workflow, error) {
-	id, err := s.resolveRef(ctx, s.r, ref)
-	if err != nil {
-		return nil, err
-	}
-	row := s.r.QueryRowContext(ctx, s.q(`SELECT `+wfCols+` FROM workflows w JOIN workflow_versions v ON v.workflow_id = w.id AND v.version = w.version WHERE w.id = ?`), id)
+	// One query for id-or-name: an id wins over a name that looks like one.
+	row := s.r.QueryRowContext(ctx, s.q(`SELECT `+wfCols+` FROM workflows w JOIN workflow_versions v ON v.workflow_id = w.id AND v.version = w.version
+		WHERE (w.id = ? OR w.name = ?) AND w.deleted_at IS NULL ORDER BY CASE WHEN w.id = ? THEN 0 ELSE 1 END LIMIT 1`), ref, ref, ref)
 	w, err := scanWorkflow(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("workflow %q: %w", ref, store.ErrNotFound)

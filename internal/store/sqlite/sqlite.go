@@ -1,7 +1,8 @@
 // Package sqlite opens Ferry's embedded default store: a SQLite file in WAL
 // mode through the pure-Go modernc.org/sqlite driver. Writes go through one
 // connection (SQLite has one writer; queueing in Go beats busy-waiting in the
-// driver) and reads through a small pool.
+// driver) and reads through a small pool. Both pools cache prepared
+// statements per connection, see stmtcache.go.
 //
 // It imports internal/store and internal/store/sqlstore; nothing above them.
 package sqlite
@@ -12,15 +13,26 @@ import (
 	"net/url"
 	"strings"
 
-	_ "modernc.org/sqlite" // registers the "sqlite" driver
-
 	"github.com/ferryhq/ferry/internal/store/sqlstore"
 )
 
 // Open opens (creating if needed) the SQLite database at path.
 func Open(path string) (*sqlstore.Store, error) {
+	w, r, err := openPools(path)
+	if err != nil {
+		return nil, err
+	}
+	return sqlstore.New(sqlstore.Dialect{
+		Name:     "sqlite",
+		IsUnique: func(err error) bool { return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed") },
+	}, w, r), nil
+}
+
+// openPools opens the writer pool (one connection, BEGIN IMMEDIATE) and the
+// reader pool, each through a statement-caching connector.
+func openPools(path string) (w, r *sql.DB, err error) {
 	if path == "" {
-		return nil, fmt.Errorf("sqlite: empty path")
+		return nil, nil, fmt.Errorf("sqlite: empty path")
 	}
 	pragmas := []string{"busy_timeout(10000)", "journal_mode(WAL)", "synchronous(FULL)", "foreign_keys(1)"}
 	q := url.Values{}
@@ -28,26 +40,25 @@ func Open(path string) (*sqlstore.Store, error) {
 		q.Add("_pragma", p)
 	}
 	base := "file:" + path + "?" + q.Encode()
-	w, err := sql.Open("sqlite", base+"&_txlock=immediate")
+	wc, err := newConnector(base+"&_txlock=immediate", stmtCacheSize)
 	if err != nil {
-		return nil, fmt.Errorf("open sqlite: %w", err)
+		return nil, nil, fmt.Errorf("open sqlite: %w", err)
 	}
+	w = sql.OpenDB(wc)
 	w.SetMaxOpenConns(1)
 	w.SetMaxIdleConns(1)
 	w.SetConnMaxLifetime(0)
 	if err := w.Ping(); err != nil {
 		w.Close()
-		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+		return nil, nil, fmt.Errorf("open sqlite %s: %w", path, err)
 	}
-	r, err := sql.Open("sqlite", base)
+	rc, err := newConnector(base, stmtCacheSize)
 	if err != nil {
 		w.Close()
-		return nil, fmt.Errorf("open sqlite: %w", err)
+		return nil, nil, fmt.Errorf("open sqlite: %w", err)
 	}
+	r = sql.OpenDB(rc)
 	r.SetMaxOpenConns(4)
 	r.SetMaxIdleConns(4)
-	return sqlstore.New(sqlstore.Dialect{
-		Name:     "sqlite",
-		IsUnique: func(err error) bool { return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed") },
-	}, w, r), nil
+	return w, r, nil
 }

@@ -206,7 +206,7 @@ func (e *env) waitDone(ctx context.Context, workflowID string, n int, timeout ti
 		select {
 		case <-ctx.Done():
 			return 0, ctx.Err()
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(100 * time.Millisecond): // a count is O(runs): poll gently
 		}
 	}
 }

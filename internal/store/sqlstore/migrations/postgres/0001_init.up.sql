@@ -34,6 +34,7 @@ CREATE TABLE runs (
     updated_at      BIGINT NOT NULL
 );
 CREATE INDEX runs_workflow ON runs(workflow_id, id);
+CREATE INDEX runs_workflow_status ON runs(workflow_id, status);
 CREATE UNIQUE INDEX runs_idempotency ON runs(workflow_id, idempotency_key) WHERE idempotency_key IS NOT NULL;
 
 CREATE TABLE step_runs (

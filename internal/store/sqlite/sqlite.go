@@ -22,11 +22,18 @@ func Open(path string) (*sqlstore.Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return sqlstore.New(sqlstore.Dialect{
+	st := sqlstore.New(sqlstore.Dialect{
 		Name:     "sqlite",
 		IsUnique: func(err error) bool { return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed") },
-	}, w, r), nil
+	}, w, r)
+	// SQLite has one writer and syncs the WAL at every commit: group many
+	// writers' requests into one transaction and one sync.
+	st.EnableGroupCommit(GroupCommitMax)
+	return st, nil
 }
+
+// GroupCommitMax is the most write requests committed together.
+const GroupCommitMax = 128
 
 // openPools opens the writer pool (one connection, BEGIN IMMEDIATE) and the
 // reader pool, each through a statement-caching connector.

@@ -160,65 +160,63 @@ func (s *Store) CreateRun(ctx context.Context, nr *store.NewRun, now time.Time) 
 	if r.TriggerHeaders == nil {
 		headers = []byte("{}")
 	}
-	tx, err := s.w.BeginTx(ctx, nil)
-	if err != nil {
-		return nil, false, err
-	}
-	defer tx.Rollback() //nolint:errcheck
-	if r.IdempotencyKey != "" {
-		var existing string
-		err := tx.QueryRowContext(ctx, s.q(`SELECT id FROM runs WHERE workflow_id = ? AND idempotency_key = ?`), r.WorkflowID, r.IdempotencyKey).Scan(&existing)
-		if err == nil {
-			_ = tx.Rollback()
-			run, _, err := s.GetRun(ctx, existing)
-			return run, false, err
+	var existing string
+	err = s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		if r.IdempotencyKey != "" {
+			err := tx.QueryRowContext(ctx, s.q(`SELECT id FROM runs WHERE workflow_id = ? AND idempotency_key = ?`), r.WorkflowID, r.IdempotencyKey).Scan(&existing)
+			if err == nil {
+				return errExisting
+			}
+			if !errors.Is(err, sql.ErrNoRows) {
+				return err
+			}
 		}
-		if !errors.Is(err, sql.ErrNoRows) {
-			return nil, false, err
+		var seq int64
+		if err := s.appendEvents(ctx, tx, r.ID, &seq, now, nr.Events); err != nil {
+			return err
 		}
-	}
-	var seq int64
-	if err := s.appendEvents(ctx, tx, r.ID, &seq, now, nr.Events); err != nil {
-		return nil, false, err
-	}
-	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO runs (id, workflow_id, version, status, input, trigger_headers, idempotency_key, error, event_seq, expires_at, started_at, finished_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
-		r.ID, r.WorkflowID, r.Version, r.Status, string(r.Input), string(headers), nullStr(r.IdempotencyKey), r.Error, seq, ts(r.ExpiresAt), ts(r.StartedAt), tsPtr(r.FinishedAt), ts(now)); err != nil {
-		if r.IdempotencyKey != "" && s.d.IsUnique(err) {
-			// Lost a race with the same key: return the winner.
-			_ = tx.Rollback()
-			var existing string
-			if err := s.w.QueryRowContext(ctx, s.q(`SELECT id FROM runs WHERE workflow_id = ? AND idempotency_key = ?`), r.WorkflowID, r.IdempotencyKey).Scan(&existing); err != nil {
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO runs (id, workflow_id, version, status, input, trigger_headers, idempotency_key, error, event_seq, expires_at, started_at, finished_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+			r.ID, r.WorkflowID, r.Version, r.Status, string(r.Input), string(headers), nullStr(r.IdempotencyKey), r.Error, seq, ts(r.ExpiresAt), ts(r.StartedAt), tsPtr(r.FinishedAt), ts(now)); err != nil {
+			if r.IdempotencyKey != "" && s.d.IsUnique(err) {
+				return errExisting // lost a race with the same key
+			}
+			return fmt.Errorf("insert run: %w", err)
+		}
+		for _, st := range nr.Steps {
+			st.RunID = r.ID
+			if err := s.insertStep(ctx, tx, st); err != nil {
+				return err
+			}
+		}
+		for i := range nr.Queue {
+			nr.Queue[i].RunID = r.ID
+		}
+		if err := s.enqueue(ctx, tx, nr.Queue); err != nil {
+			return err
+		}
+		for _, t := range nr.Tasks {
+			t.RunID = r.ID
+			if err := s.insertTask(ctx, tx, t, now); err != nil {
+				return fmt.Errorf("insert task: %w", err)
+			}
+		}
+		if len(nr.Tasks) > 0 && len(nr.Queue) == 0 && s.d.AfterEnqueue != "" {
+			if _, err := tx.ExecContext(ctx, s.d.AfterEnqueue); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if errors.Is(err, errExisting) {
+		if existing == "" {
+			if err := s.r.QueryRowContext(ctx, s.q(`SELECT id FROM runs WHERE workflow_id = ? AND idempotency_key = ?`), r.WorkflowID, r.IdempotencyKey).Scan(&existing); err != nil {
 				return nil, false, err
 			}
-			run, _, err := s.GetRun(ctx, existing)
-			return run, false, err
 		}
-		return nil, false, fmt.Errorf("insert run: %w", err)
+		run, _, err := s.GetRun(ctx, existing)
+		return run, false, err
 	}
-	for _, st := range nr.Steps {
-		st.RunID = r.ID
-		if err := s.insertStep(ctx, tx, st); err != nil {
-			return nil, false, err
-		}
-	}
-	for i := range nr.Queue {
-		nr.Queue[i].RunID = r.ID
-	}
-	if err := s.enqueue(ctx, tx, nr.Queue); err != nil {
-		return nil, false, err
-	}
-	for _, t := range nr.Tasks {
-		t.RunID = r.ID
-		if err := s.insertTask(ctx, tx, t, now); err != nil {
-			return nil, false, fmt.Errorf("insert task: %w", err)
-		}
-	}
-	if len(nr.Tasks) > 0 && len(nr.Queue) == 0 && s.d.AfterEnqueue != "" {
-		if _, err := tx.ExecContext(ctx, s.d.AfterEnqueue); err != nil {
-			return nil, false, err
-		}
-	}
-	if err := tx.Commit(); err != nil {
+	if err != nil {
 		return nil, false, err
 	}
 	run, _, err := s.GetRun(ctx, r.ID)

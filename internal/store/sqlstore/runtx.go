@@ -15,11 +15,10 @@ import (
 // which waits rather than skips, so no event is dropped when two steps
 // finish at once) and the single writer on SQLite.
 func (s *Store) InRun(ctx context.Context, runID string, now time.Time, fn func(store.RunTx) error) error {
-	tx, err := s.w.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback() //nolint:errcheck
+	return s.write(ctx, func(ctx context.Context, tx *sql.Tx) error { return s.inRun(ctx, tx, runID, now, fn) })
+}
+
+func (s *Store) inRun(ctx context.Context, tx *sql.Tx, runID string, now time.Time, fn func(store.RunTx) error) error {
 	var seq int64
 	run, err := scanRun(rowTail{tx.QueryRowContext(ctx, s.q(`SELECT `+runCols+`, r.event_seq FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE r.id = ?`+lockOf(s.d.LockRun)), runID), &seq})
 	if errors.Is(err, sql.ErrNoRows) {
@@ -41,7 +40,7 @@ func (s *Store) InRun(ctx context.Context, runID string, now time.Time, fn func(
 			return err
 		}
 	}
-	return tx.Commit()
+	return nil
 }
 
 // lockOf qualifies the row lock to the runs table: FOR UPDATE on a join
@@ -131,25 +130,29 @@ func (t *runTx) Append(events ...store.NewEvent) error {
 func (s *Store) Claim(ctx context.Context, now time.Time, lease time.Duration, n int) ([]*store.QueueItem, error) {
 	tok := token()
 	until := now.Add(lease)
-	rows, err := s.w.QueryContext(ctx, s.q(`UPDATE queue SET lease_token = ?, lease_until = ?
+	var out []*store.QueueItem
+	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		out = out[:0]
+		rows, err := tx.QueryContext(ctx, s.q(`UPDATE queue SET lease_token = ?, lease_until = ?
 		WHERE id IN (SELECT id FROM queue WHERE due_at <= ? AND (lease_until IS NULL OR lease_until <= ?) ORDER BY due_at, id LIMIT ?`+s.d.SkipLocked+`)
 		RETURNING id, kind, run_id, step, attempt, due_at`), tok, ts(until), ts(now), ts(now), n)
-	if err != nil {
-		return nil, fmt.Errorf("claim: %w", err)
-	}
-	defer rows.Close()
-	var out []*store.QueueItem
-	for rows.Next() {
-		var it store.QueueItem
-		var due int64
-		if err := rows.Scan(&it.ID, &it.Kind, &it.RunID, &it.Step, &it.Attempt, &due); err != nil {
-			return nil, err
+		if err != nil {
+			return fmt.Errorf("claim: %w", err)
 		}
-		it.DueAt = fromTS(due)
-		it.LeaseToken, it.LeaseUntil = tok, until
-		out = append(out, &it)
-	}
-	if err := rows.Err(); err != nil {
+		defer rows.Close()
+		for rows.Next() {
+			var it store.QueueItem
+			var due int64
+			if err := rows.Scan(&it.ID, &it.Kind, &it.RunID, &it.Step, &it.Attempt, &due); err != nil {
+				return err
+			}
+			it.DueAt = fromTS(due)
+			it.LeaseToken, it.LeaseUntil = tok, until
+			out = append(out, &it)
+		}
+		return rows.Err()
+	})
+	if err != nil {
 		return nil, err
 	}
 	// RETURNING follows the rows' physical order, not the sub-select's
@@ -187,12 +190,14 @@ func (s *Store) Sweep(ctx context.Context) (int, error) {
 // ExtendLease keeps a long-running item leased; failure tells the holder to
 // stop, because the item was finished or cancelled elsewhere.
 func (s *Store) ExtendLease(ctx context.Context, id int64, leaseToken string, until time.Time) error {
-	res, err := s.w.ExecContext(ctx, s.q(`UPDATE queue SET lease_until = ? WHERE id = ? AND lease_token = ?`), ts(until), id, leaseToken)
-	if err != nil {
-		return fmt.Errorf("extend lease: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n != 1 {
-		return fmt.Errorf("queue item %d: %w", id, store.ErrLeaseLost)
-	}
-	return nil
+	return s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, s.q(`UPDATE queue SET lease_until = ? WHERE id = ? AND lease_token = ?`), ts(until), id, leaseToken)
+		if err != nil {
+			return fmt.Errorf("extend lease: %w", err)
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return fmt.Errorf("queue item %d: %w", id, store.ErrLeaseLost)
+		}
+		return nil
+	})
 }

@@ -42,6 +42,7 @@ type Store struct {
 	r *sql.DB // reads (may equal w)
 
 	closers []func() error
+	group   *groupCommit // SQLite: one writer applying requests in groups
 }
 
 // New builds a Store from a writer and a reader pool (they may be the same).
@@ -57,8 +58,17 @@ func (s *Store) Dialect() string { return s.d.Name }
 // DB exposes the writer pool for tests and tools.
 func (s *Store) DB() *sql.DB { return s.w }
 
+// EnableGroupCommit makes writes go through one writer that commits up to
+// max requests at once (for a single-writer database such as SQLite).
+func (s *Store) EnableGroupCommit(max int) {
+	s.group = newGroupCommit(s.w, max)
+}
+
 // Close closes the pools and any extra resources.
 func (s *Store) Close() error {
+	if s.group != nil {
+		s.group.close()
+	}
 	var errs []error
 	for _, c := range s.closers {
 		errs = append(errs, c())

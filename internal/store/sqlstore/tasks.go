@@ -83,25 +83,25 @@ func (s *Store) CreateTask(ctx context.Context, t *store.Task, now time.Time) (*
 			return existing, false, nil
 		}
 	}
-	tx, err := s.w.BeginTx(ctx, nil)
+	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		if err := s.insertTask(ctx, tx, t, now); err != nil {
+			if t.IdempotencyKey != "" && s.d.IsUnique(err) {
+				return errExisting
+			}
+			return fmt.Errorf("insert task: %w", err)
+		}
+		if s.d.AfterEnqueue != "" {
+			if _, err := tx.ExecContext(ctx, s.d.AfterEnqueue); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if errors.Is(err, errExisting) {
+		existing, err := s.taskByKey(ctx, t.IdempotencyKey)
+		return existing, false, err
+	}
 	if err != nil {
-		return nil, false, err
-	}
-	defer tx.Rollback() //nolint:errcheck
-	if err := s.insertTask(ctx, tx, t, now); err != nil {
-		if t.IdempotencyKey != "" && s.d.IsUnique(err) {
-			_ = tx.Rollback()
-			existing, err := s.taskByKey(ctx, t.IdempotencyKey)
-			return existing, false, err
-		}
-		return nil, false, fmt.Errorf("insert task: %w", err)
-	}
-	if s.d.AfterEnqueue != "" {
-		if _, err := tx.ExecContext(ctx, s.d.AfterEnqueue); err != nil {
-			return nil, false, err
-		}
-	}
-	if err := tx.Commit(); err != nil {
 		return nil, false, err
 	}
 	got, err := s.GetTask(ctx, t.ID)
@@ -109,7 +109,7 @@ func (s *Store) CreateTask(ctx context.Context, t *store.Task, now time.Time) (*
 }
 
 func (s *Store) taskByKey(ctx context.Context, key string) (*store.Task, error) {
-	t, err := scanTask(s.w.QueryRowContext(ctx, s.q(`SELECT `+taskCols+` FROM tasks WHERE idempotency_key = ?`), key))
+	t, err := scanTask(s.r.QueryRowContext(ctx, s.q(`SELECT `+taskCols+` FROM tasks WHERE idempotency_key = ?`), key))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("task with key %q: %w", key, store.ErrNotFound)
 	}
@@ -162,55 +162,60 @@ func (s *Store) ClaimTasks(ctx context.Context, req store.ClaimTasks) ([]*store.
 	tok := token()
 	until := req.Now.Add(req.Lease)
 	now := ts(req.Now)
-	tx, err := s.w.BeginTx(ctx, nil)
-	if err != nil {
-		return nil, err
-	}
-	defer tx.Rollback() //nolint:errcheck
 	args := []any{req.WorkerID, tok, ts(until), now}
 	args = append(args, now, now)
 	args = append(args, fargs...)
 	args = append(args, req.Max)
-	rows, err := tx.QueryContext(ctx, s.q(`UPDATE tasks SET
+	var out []*store.Task
+	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		out = out[:0]
+		rows, err := tx.QueryContext(ctx, s.q(`UPDATE tasks SET
 			reclaimed = (status = 'leased'),
 			status = 'leased', leased_by = ?, lease_token = ?, lease_until = ?, attempt = attempt + 1, updated_at = ?,
 			event_seq = event_seq + CASE WHEN status = 'leased' THEN 2 ELSE 1 END
 		WHERE id IN (SELECT id FROM tasks WHERE `+claimableTasks+` AND `+filter+`
 			ORDER BY priority, run_at, created_at LIMIT ?`+s.d.SkipLocked+`)
 		RETURNING `+taskCols+`, event_seq`), args...)
-	if err != nil {
-		return nil, fmt.Errorf("claim tasks: %w", err)
-	}
-	var out []*store.Task
-	var seqs []int64
-	for rows.Next() {
-		var seq int64
-		t, err := scanTask(scanTail{rows, &seq})
 		if err != nil {
-			rows.Close()
-			return nil, err
+			return fmt.Errorf("claim tasks: %w", err)
 		}
-		out = append(out, t)
-		seqs = append(seqs, seq)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	for i, t := range out {
-		seq := seqs[i]
-		if t.Reclaimed {
-			if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO events (run_id, seq, type, step, data, at) VALUES (?, ?, 'lease_expired', '', ?, ?)`),
-				t.ID, seq-1, mustJSON(map[string]any{"attempt": t.Attempt - 1}), now); err != nil {
-				return nil, err
+		var seqs []int64
+		for rows.Next() {
+			var seq int64
+			t, err := scanTask(scanTail{rows, &seq})
+			if err != nil {
+				rows.Close()
+				return err
 			}
+			out = append(out, t)
+			seqs = append(seqs, seq)
 		}
-		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO events (run_id, seq, type, step, data, at) VALUES (?, ?, 'claimed', '', ?, ?)`),
-			t.ID, seq, mustJSON(map[string]any{"worker_id": req.WorkerID, "attempt": t.Attempt, "lease_until": until.UTC()}), now); err != nil {
-			return nil, err
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
 		}
-	}
-	if err := tx.Commit(); err != nil {
+		// All of the claim's events in one statement.
+		if len(out) == 0 {
+			return nil
+		}
+		var sb strings.Builder
+		sb.WriteString(`INSERT INTO events (run_id, seq, type, step, data, at) VALUES `)
+		var eargs []any
+		for i, t := range out {
+			if t.Reclaimed {
+				sb.WriteString(`(?, ?, 'lease_expired', '', ?, ?),`)
+				eargs = append(eargs, t.ID, seqs[i]-1, mustJSON(map[string]any{"attempt": t.Attempt - 1}), now)
+			}
+			sb.WriteString(`(?, ?, 'claimed', '', ?, ?),`)
+			eargs = append(eargs, t.ID, seqs[i], mustJSON(map[string]any{"worker_id": req.WorkerID, "attempt": t.Attempt, "lease_until": until.UTC()}), now)
+		}
+		q := strings.TrimSuffix(sb.String(), ",")
+		if _, err := tx.ExecContext(ctx, s.q(q), eargs...); err != nil {
+			return fmt.Errorf("claim events: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
 		return nil, err
 	}
 	// RETURNING yields rows in storage order; hand them out in claim order.
@@ -255,7 +260,7 @@ func (s *Store) NextTaskDue(ctx context.Context, patterns []string, now time.Tim
 // InTask locks the task's run (if any) and then the task.
 func (s *Store) InTask(ctx context.Context, id string, now time.Time, fn func(store.TaskTx) error) error {
 	var runID sql.NullString
-	err := s.w.QueryRowContext(ctx, s.q(`SELECT run_id FROM tasks WHERE id = ?`), id).Scan(&runID)
+	err := s.r.QueryRowContext(ctx, s.q(`SELECT run_id FROM tasks WHERE id = ?`), id).Scan(&runID)
 	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("task %q: %w", id, store.ErrNotFound)
 	}
@@ -265,18 +270,10 @@ func (s *Store) InTask(ctx context.Context, id string, now time.Time, fn func(st
 	if runID.Valid {
 		return s.InRun(ctx, runID.String, now, func(rt store.RunTx) error {
 			r := rt.(*runTx)
-			return s.withTask(ctx, r.tx, id, now, r, fn)
+			return s.withTask(r.ctx, r.tx, id, now, r, fn)
 		})
 	}
-	tx, err := s.w.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback() //nolint:errcheck
-	if err := s.withTask(ctx, tx, id, now, nil, fn); err != nil {
-		return err
-	}
-	return tx.Commit()
+	return s.write(ctx, func(ctx context.Context, tx *sql.Tx) error { return s.withTask(ctx, tx, id, now, nil, fn) })
 }
 
 func (s *Store) withTask(ctx context.Context, tx *sql.Tx, id string, now time.Time, run *runTx, fn func(store.TaskTx) error) error {

@@ -1,0 +1,171 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// errExisting makes a write's transaction roll back without failing the
+// call: the caller found the row it would have created.
+var errExisting = errors.New("existing row")
+
+// write runs fn in a write transaction and returns once it is committed.
+//
+// With group commit (SQLite), requests from many goroutines are applied by
+// one writer in one transaction, each inside its own savepoint so a failing
+// request rolls back alone, and acknowledged after the single commit: one
+// WAL sync for the whole group instead of one per request, and nothing is
+// acknowledged before it is durable. Without it (Postgres, where concurrent
+// connections already share WAL flushes), each call is its own transaction.
+func (s *Store) write(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	if s.group == nil {
+		tx, err := s.w.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback() //nolint:errcheck
+		if err := fn(ctx, tx); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}
+	return s.group.do(ctx, fn)
+}
+
+// groupCommit is the single writer of a SQLite store.
+type groupCommit struct {
+	db   *sql.DB
+	reqs chan *writeReq
+	max  int
+	stop chan struct{}
+	done sync.WaitGroup
+}
+
+type writeReq struct {
+	ctx  context.Context
+	fn   func(ctx context.Context, tx *sql.Tx) error
+	err  error
+	done chan struct{}
+}
+
+func newGroupCommit(db *sql.DB, max int) *groupCommit {
+	g := &groupCommit{db: db, reqs: make(chan *writeReq, 4*max), max: max, stop: make(chan struct{})}
+	g.done.Add(1)
+	go g.loop()
+	return g
+}
+
+func (g *groupCommit) do(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	r := &writeReq{ctx: ctx, fn: fn, done: make(chan struct{})}
+	select {
+	case g.reqs <- r:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-g.stop:
+		return errors.New("store closed")
+	}
+	// Wait even if ctx ends: the request may already be in a transaction,
+	// and the caller must learn whether it committed.
+	<-r.done
+	return r.err
+}
+
+func (g *groupCommit) close() {
+	close(g.stop)
+	g.done.Wait()
+}
+
+func (g *groupCommit) loop() {
+	defer g.done.Done()
+	batch := make([]*writeReq, 0, g.max)
+	for {
+		select {
+		case <-g.stop:
+			// Fail what is still queued.
+			for {
+				select {
+				case r := <-g.reqs:
+					r.err = errors.New("store closed")
+					close(r.done)
+				default:
+					return
+				}
+			}
+		case r := <-g.reqs:
+			batch = append(batch[:0], r)
+		}
+	drain:
+		for len(batch) < g.max {
+			select {
+			case r := <-g.reqs:
+				batch = append(batch, r)
+			default:
+				break drain
+			}
+		}
+		g.run(batch)
+	}
+}
+
+func (g *groupCommit) run(batch []*writeReq) {
+	finish := func(err error) {
+		for _, r := range batch {
+			if err != nil && r.err == nil {
+				r.err = err
+			}
+			close(r.done)
+		}
+	}
+	tx, err := g.db.BeginTx(context.Background(), nil)
+	if err != nil {
+		finish(fmt.Errorf("begin: %w", err))
+		return
+	}
+	ok := 0
+	for _, r := range batch {
+		if err := r.ctx.Err(); err != nil {
+			r.err = err
+			continue
+		}
+		if _, err := tx.Exec(`SAVEPOINT w`); err != nil {
+			r.err = err
+			continue
+		}
+		// A cancelled statement would interrupt SQLite, which rolls back
+		// the whole transaction, other requests included: once started, a
+		// request runs to its end.
+		if err := r.fn(context.WithoutCancel(r.ctx), tx); err != nil {
+			r.err = err
+			if _, rbErr := tx.Exec(`ROLLBACK TO w`); rbErr != nil {
+				// The transaction is unusable: give up on the whole group.
+				_ = tx.Rollback()
+				finish(fmt.Errorf("rollback to savepoint: %w", rbErr))
+				return
+			}
+		} else {
+			ok++
+		}
+		if _, err := tx.Exec(`RELEASE w`); err != nil {
+			_ = tx.Rollback()
+			finish(fmt.Errorf("release savepoint: %w", err))
+			return
+		}
+	}
+	if ok == 0 {
+		_ = tx.Rollback()
+		finish(nil)
+		return
+	}
+	if err := tx.Commit(); err != nil {
+		// Nothing of the group is durable: every request fails.
+		for _, r := range batch {
+			r.err = fmt.Errorf("commit: %w", err)
+		}
+		finish(nil)
+		return
+	}
+	finish(nil)
+}

@@ -108,7 +108,12 @@ func freshDatabase(ctx context.Context, database string) (url string, backend st
 		if err != nil {
 			return "", "", nil, err
 		}
-		return "sqlite:" + filepath.Join(dir, "bench.db"), "sqlite", func() { os.RemoveAll(dir) }, nil
+		// Options after "?" (synchronous=normal) carry over to the fresh file.
+		opts := ""
+		if _, q, ok := strings.Cut(database, "?"); ok {
+			opts = "?" + q
+		}
+		return "sqlite:" + filepath.Join(dir, "bench.db") + opts, "sqlite", func() { os.RemoveAll(dir) }, nil
 	case strings.HasPrefix(database, "postgres://"), strings.HasPrefix(database, "postgresql://"):
 		schema := "ferry_bench_" + strings.ToLower(rand.Text()[:10])
 		conn, err := pgx.Connect(ctx, database)
@@ -168,6 +173,13 @@ func start(ctx context.Context, o Options, handler worker.HandlerFunc) (*env, er
 	e := &env{eng: eng, st: eng.Store(), backend: backend, settings: map[string]any{
 		"workers": o.Workers, "engine_concurrency": o.Concurrency, "lease": "30s", "poll_wait": "1s",
 	}}
+	if backend == "sqlite" {
+		e.settings["sqlite_synchronous"] = "full"
+		if strings.Contains(dsn, "synchronous=normal") {
+			e.settings["sqlite_synchronous"] = "normal"
+		}
+		e.settings["sqlite_group_commit_max"] = 128
+	}
 	e.startWorkers = func() {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = w.Run(rctx) }()

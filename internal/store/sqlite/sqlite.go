@@ -16,9 +16,16 @@ import (
 	"github.com/ferryhq/ferry/internal/store/sqlstore"
 )
 
-// Open opens (creating if needed) the SQLite database at path.
+// Open opens (creating if needed) the SQLite database at path. The path may
+// end in options: "ferry.db?synchronous=normal" trades the last commits
+// before a power loss (never a process crash) for fewer disk syncs; the
+// default is synchronous=full.
 func Open(path string) (*sqlstore.Store, error) {
-	w, r, err := openPools(path)
+	path, sync, err := parseOptions(path)
+	if err != nil {
+		return nil, err
+	}
+	w, r, err := openPools(path, sync)
 	if err != nil {
 		return nil, err
 	}
@@ -32,16 +39,49 @@ func Open(path string) (*sqlstore.Store, error) {
 	return st, nil
 }
 
+// parseOptions splits "file.db?synchronous=normal" into the path and the
+// synchronous level; unknown options are an error, never ignored.
+func parseOptions(path string) (string, string, error) {
+	file, query, ok := strings.Cut(path, "?")
+	if !ok {
+		return path, "", nil
+	}
+	vals, err := url.ParseQuery(query)
+	if err != nil {
+		return "", "", fmt.Errorf("sqlite options %q: %w", query, err)
+	}
+	sync := ""
+	for k, v := range vals {
+		switch k {
+		case "synchronous":
+			switch strings.ToLower(v[0]) {
+			case "full":
+				sync = "FULL"
+			case "normal":
+				sync = "NORMAL"
+			default:
+				return "", "", fmt.Errorf("sqlite option synchronous=%q: use full (default) or normal", v[0])
+			}
+		default:
+			return "", "", fmt.Errorf("unknown sqlite option %q (known: synchronous)", k)
+		}
+	}
+	return file, sync, nil
+}
+
 // GroupCommitMax is the most write requests committed together.
 const GroupCommitMax = 128
 
 // openPools opens the writer pool (one connection, BEGIN IMMEDIATE) and the
 // reader pool, each through a statement-caching connector.
-func openPools(path string) (w, r *sql.DB, err error) {
+func openPools(path, sync string) (w, r *sql.DB, err error) {
 	if path == "" {
 		return nil, nil, fmt.Errorf("sqlite: empty path")
 	}
-	pragmas := []string{"busy_timeout(10000)", "journal_mode(WAL)", "synchronous(FULL)", "foreign_keys(1)"}
+	if sync == "" {
+		sync = "FULL"
+	}
+	pragmas := []string{"busy_timeout(10000)", "journal_mode(WAL)", "synchronous(" + sync + ")", "foreign_keys(1)"}
 	q := url.Values{}
 	for _, p := range pragmas {
 		q.Add("_pragma", p)

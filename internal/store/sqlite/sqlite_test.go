@@ -50,3 +50,33 @@ func TestOpenEmptyPath(t *testing.T) {
 		t.Fatal("Open(\"\") succeeded, want an error")
 	}
 }
+
+// TestSynchronousOption: full by default, normal on request, anything else
+// refused.
+func TestSynchronousOption(t *testing.T) {
+	dir := t.TempDir()
+	level := func(path string) int {
+		t.Helper()
+		s, err := sqlite.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		var n int
+		if err := s.DB().QueryRow(`PRAGMA synchronous`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if got := level(filepath.Join(dir, "a.db")); got != 2 {
+		t.Errorf("default synchronous = %d, want 2 (FULL)", got)
+	}
+	if got := level(filepath.Join(dir, "b.db") + "?synchronous=normal"); got != 1 {
+		t.Errorf("synchronous=normal gave %d, want 1 (NORMAL)", got)
+	}
+	for _, bad := range []string{"?synchronous=off", "?cache=shared"} {
+		if _, err := sqlite.Open(filepath.Join(dir, "c.db") + bad); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}

@@ -503,7 +503,7 @@ func TestStmtCacheTxLockImmediate(t *testing.T) {
 
 // Open wires the cache into both pools.
 func TestOpenUsesStmtCache(t *testing.T) {
-	w, r, err := openPools(filepath.Join(t.TempDir(), "ferry.db"))
+	w, r, err := openPools(filepath.Join(t.TempDir(), "ferry.db"), "")
 	if err != nil {
 		t.Fatal(err)
 	}

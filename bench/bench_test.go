@@ -58,3 +58,35 @@ func TestWorkloadsReportEveryKey(t *testing.T) {
 		})
 	}
 }
+
+// TestSleepRSSAndRepeat: sleep-rss holds every run asleep, and --repeat
+// reports the median run with every run's rate in settings.
+func TestSleepRSSAndRepeat(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs workloads")
+	}
+	res, err := Run(t.Context(), Options{Workload: "sleep-rss", Database: "sqlite", N: 30, Workers: 4, Timeout: time.Minute}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := res[0]; r.Completed != 30 || r.PeakRSSMB <= 0 {
+		t.Errorf("sleep-rss: %+v", r)
+	}
+	res, err = Run(t.Context(), Options{Workload: "jobs", Database: "sqlite", N: 10, Workers: 4, Repeat: 3, Timeout: time.Minute}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, _ := res[0].Settings["units_per_s_all"].([]float64)
+	if len(all) != 3 || res[0].Settings["repeats"] != 3 {
+		t.Fatalf("settings = %v", res[0].Settings)
+	}
+	lower := 0
+	for _, v := range all {
+		if v < res[0].UnitsPerS {
+			lower++
+		}
+	}
+	if lower != 1 && !(all[0] == all[1] || all[1] == all[2] || all[0] == all[2]) {
+		t.Errorf("reported %v is not the median of %v", res[0].UnitsPerS, all)
+	}
+}

@@ -32,9 +32,42 @@ func runOne(ctx context.Context, name string, o Options) (Result, error) {
 		return chain(ctx, o)
 	case "fanout":
 		return fanout(ctx, o)
+	case "sleep-rss":
+		return sleepRSS(ctx, o)
 	default:
 		return sleepers(ctx, o)
 	}
+}
+
+// sleepRSS holds N runs asleep (1 h) and reports the process's peak RSS:
+// a sleeping run is a row with a due time, not memory. completed counts the
+// runs found sleeping; units_per_s is the creation rate.
+func sleepRSS(ctx context.Context, o Options) (Result, error) {
+	e, err := start(ctx, o, noop)
+	if err != nil {
+		return Result{}, err
+	}
+	defer e.stop()
+	id, _, err := e.eng.ApplyWorkflow(ctx, []byte(`{"name": "bench-sleep-rss", "tasks": {"nap": {"sleep": "1h"}, "after": {"needs": ["nap"], "task": {"type": "bench.noop.v1"}}}}`))
+	if err != nil {
+		return Result{}, err
+	}
+	e.startWorkers()
+	began := time.Now()
+	if err := e.triggerAll(ctx, "bench-sleep-rss", o.N); err != nil {
+		return Result{}, err
+	}
+	took := time.Since(began)
+	counts, err := e.st.CountRuns(ctx, id)
+	if err != nil {
+		return Result{}, err
+	}
+	r := result("sleep-rss", e, o)
+	r.Completed = counts[status.RunRunning]
+	r.TotalS = took.Seconds()
+	r.UnitsPerS = round(float64(o.N) / took.Seconds())
+	r.PeakRSSMB = peakRSS()
+	return r, nil
 }
 
 func result(name string, e *env, o Options) Result {

@@ -50,12 +50,13 @@ dropped afterwards.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.Workload, "workload", "all", "jobs, chain10, fanout, sleep or all")
+	f.StringVar(&o.Workload, "workload", "all", "jobs, chain10, fanout, sleep, sleep-rss (100,000 runs held asleep) or all (the first four)")
 	f.StringVar(&o.Database, "database", "sqlite", "sqlite or a postgres:// URL")
-	f.IntVarP(&o.N, "n", "n", 0, "runs per workload (default: jobs 20000, chain10 1000, fanout 1000, sleep 10000)")
+	f.IntVarP(&o.N, "n", "n", 0, "runs per workload (default: jobs 20000, chain10 1000, fanout 1000, sleep 10000, sleep-rss 100000)")
 	f.IntVar(&o.Workers, "workers", 64, "worker SDK concurrency (handlers in flight)")
 	f.IntVar(&o.Concurrency, "concurrency", 64, "engine dispatcher slots")
 	f.DurationVar(&o.Timeout, "timeout", 30*time.Minute, "give up on a workload after this long")
+	f.IntVar(&o.Repeat, "repeat", 1, "run each workload this many times and report the median run (by units/s)")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object per workload")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile (pprof) to this file")
 	return cmd

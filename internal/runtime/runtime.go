@@ -57,6 +57,7 @@ type Runtime struct {
 	clk   clock.Clock
 	log   *slog.Logger
 	defs  sync.Map // "id@version" -> *spec.Workflow
+	types sync.Map // task type -> cachedType
 	wake  chan struct{}
 	sem   chan struct{}
 	mu    sync.Mutex

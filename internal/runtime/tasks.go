@@ -96,7 +96,7 @@ func (r *Runtime) CreateTask(ctx context.Context, nt NewTask) (*store.Task, bool
 func (r *Runtime) TaskDefaults(ctx context.Context, t *store.Task) (maxAttempts int, delay time.Duration) {
 	maxAttempts, delay = t.MaxAttempts, t.RetryDelay
 	if maxAttempts == 0 || delay == 0 {
-		if tt, err := r.st.GetTaskType(ctx, t.Type); err == nil {
+		if tt := r.taskType(ctx, t.Type); tt != nil {
 			if maxAttempts == 0 {
 				maxAttempts = tt.MaxAttempts
 			}
@@ -112,6 +112,35 @@ func (r *Runtime) TaskDefaults(ctx context.Context, t *store.Task) (maxAttempts 
 		delay = DefaultTaskRetryDelay
 	}
 	return maxAttempts, delay
+}
+
+// typeCacheTTL bounds how stale a node's view of the task-type registry may
+// be (changes made through this node apply at once).
+const typeCacheTTL = time.Second
+
+type cachedType struct {
+	tt *store.TaskType // nil: no registry entry
+	at time.Time
+}
+
+// taskType reads a registry entry through a short cache: defaults are
+// needed for every claimed task, and a query each was a large share of a
+// claim's cost.
+func (r *Runtime) taskType(ctx context.Context, typ string) *store.TaskType {
+	if v, ok := r.types.Load(typ); ok {
+		if c := v.(cachedType); time.Since(c.at) < typeCacheTTL {
+			return c.tt
+		}
+	}
+	tt, err := r.st.GetTaskType(ctx, typ)
+	if err != nil {
+		if !errors.Is(err, store.ErrNotFound) {
+			return nil // transient: do not cache
+		}
+		tt = nil
+	}
+	r.types.Store(typ, cachedType{tt: tt, at: time.Now()})
+	return tt
 }
 
 // TaskBackoff is the delay before the next attempt after attempt failed:
@@ -445,5 +474,9 @@ func (r *Runtime) CancelTask(ctx context.Context, id string) (*store.Task, error
 	return out, err
 }
 
-// TaskTypesChanged wakes waiting claims: a type may have been enabled.
-func (r *Runtime) TaskTypesChanged() { r.tasksReady() }
+// TaskTypesChanged drops the cached registry and wakes waiting claims: a
+// type may have been enabled.
+func (r *Runtime) TaskTypesChanged() {
+	r.types.Clear()
+	r.tasksReady()
+}

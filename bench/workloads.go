@@ -75,6 +75,42 @@ func result(name string, e *env, o Options) Result {
 	return Result{Workload: name, Backend: e.backend, N: o.N, Settings: e.settings}
 }
 
+// drive applies a workflow, creates o.N runs, waits for all of them and
+// fills the common figures. With drainAfter, every run is created before
+// the workers start (the jobs workload).
+func (e *env) drive(ctx context.Context, o Options, name, def string, stepsPerRun int, drainAfter, withSteps bool) (Result, map[string][]*store.StepRun, error) {
+	id, _, err := e.eng.ApplyWorkflow(ctx, []byte(def))
+	if err != nil {
+		return Result{}, nil, err
+	}
+	wfName := "bench-" + name
+	if !drainAfter {
+		e.startWorkers()
+	}
+	if err := e.triggerAll(ctx, wfName, o.N); err != nil {
+		return Result{}, nil, err
+	}
+	if drainAfter {
+		e.startWorkers()
+	}
+	completed, err := e.waitDone(ctx, id, o.N, o.Timeout)
+	if err != nil {
+		return Result{}, nil, err
+	}
+	runs, steps, err := e.allRuns(ctx, id, withSteps)
+	if err != nil {
+		return Result{}, nil, err
+	}
+	r := result(name, e, o)
+	first, last, lat := span(runs)
+	r.Completed, r.TotalS = completed, last.Sub(first).Seconds()
+	r.UnitsPerS = round(float64(completed) / r.TotalS)
+	r.StepsPerS = round(float64(completed*stepsPerRun) / r.TotalS)
+	r.LatencyMS = pct(lat)
+	r.PeakRSSMB = peakRSS()
+	return r, steps, nil
+}
+
 // jobs: N one-step runs created first, then drained.
 func jobs(ctx context.Context, o Options) (Result, error) {
 	e, err := start(ctx, o, noop)
@@ -82,30 +118,8 @@ func jobs(ctx context.Context, o Options) (Result, error) {
 		return Result{}, err
 	}
 	defer e.stop()
-	id, _, err := e.eng.ApplyWorkflow(ctx, []byte(`{"name": "bench-jobs", "tasks": {"job": {"task": {"type": "bench.noop.v1"}}}}`))
-	if err != nil {
-		return Result{}, err
-	}
-	if err := e.triggerAll(ctx, "bench-jobs", o.N); err != nil {
-		return Result{}, err
-	}
-	e.startWorkers()
-	completed, err := e.waitDone(ctx, id, o.N, o.Timeout)
-	if err != nil {
-		return Result{}, err
-	}
-	runs, _, err := e.allRuns(ctx, id, false)
-	if err != nil {
-		return Result{}, err
-	}
-	r := result("jobs", e, o)
-	first, last, lat := span(runs)
-	r.Completed, r.TotalS = completed, last.Sub(first).Seconds()
-	r.UnitsPerS = round(float64(completed) / r.TotalS)
-	r.StepsPerS = r.UnitsPerS
-	r.LatencyMS = pct(lat)
-	r.PeakRSSMB = peakRSS()
-	return r, nil
+	r, _, err := e.drive(ctx, o, "jobs", `{"name": "bench-jobs", "tasks": {"job": {"task": {"type": "bench.noop.v1"}}}}`, 1, true, false)
+	return r, err
 }
 
 // chain10: runs of 10 sequential steps, all in flight at once; hand-off is
@@ -143,28 +157,10 @@ func chain(ctx context.Context, o Options) (Result, error) {
 		}
 		steps = append(steps, fmt.Sprintf(`"s%d": {%s"task": {"type": "bench.noop.v1"}}`, i, need))
 	}
-	id, _, err := e.eng.ApplyWorkflow(ctx, []byte(`{"name": "bench-chain10", "tasks": {`+strings.Join(steps, ",")+`}}`))
+	r, _, err := e.drive(ctx, o, "chain10", `{"name": "bench-chain10", "tasks": {`+strings.Join(steps, ",")+`}}`, 10, false, false)
 	if err != nil {
 		return Result{}, err
 	}
-	e.startWorkers()
-	if err := e.triggerAll(ctx, "bench-chain10", o.N); err != nil {
-		return Result{}, err
-	}
-	completed, err := e.waitDone(ctx, id, o.N, o.Timeout)
-	if err != nil {
-		return Result{}, err
-	}
-	runs, _, err := e.allRuns(ctx, id, false)
-	if err != nil {
-		return Result{}, err
-	}
-	r := result("chain10", e, o)
-	first, last, lat := span(runs)
-	r.Completed, r.TotalS = completed, last.Sub(first).Seconds()
-	r.UnitsPerS = round(float64(completed) / r.TotalS)
-	r.StepsPerS = round(float64(completed*10) / r.TotalS)
-	r.LatencyMS = pct(lat)
 	var hand []float64
 	mu.Lock()
 	for _, m := range marks {
@@ -177,7 +173,6 @@ func chain(ctx context.Context, o Options) (Result, error) {
 	}
 	mu.Unlock()
 	r.HandoffMS = pct(hand)
-	r.PeakRSSMB = peakRSS()
 	return r, nil
 }
 
@@ -195,30 +190,8 @@ func fanout(ctx context.Context, o Options) (Result, error) {
 		mids = append(mids, fmt.Sprintf(`"m%d"`, i))
 	}
 	parts = append(parts, `"z": {"needs": [`+strings.Join(mids, ",")+`], "task": {"type": "bench.noop.v1"}}`)
-	id, _, err := e.eng.ApplyWorkflow(ctx, []byte(`{"name": "bench-fanout", "tasks": {`+strings.Join(parts, ",")+`}}`))
-	if err != nil {
-		return Result{}, err
-	}
-	e.startWorkers()
-	if err := e.triggerAll(ctx, "bench-fanout", o.N); err != nil {
-		return Result{}, err
-	}
-	completed, err := e.waitDone(ctx, id, o.N, o.Timeout)
-	if err != nil {
-		return Result{}, err
-	}
-	runs, _, err := e.allRuns(ctx, id, false)
-	if err != nil {
-		return Result{}, err
-	}
-	r := result("fanout", e, o)
-	first, last, lat := span(runs)
-	r.Completed, r.TotalS = completed, last.Sub(first).Seconds()
-	r.UnitsPerS = round(float64(completed) / r.TotalS)
-	r.StepsPerS = round(float64(completed*10) / r.TotalS)
-	r.LatencyMS = pct(lat)
-	r.PeakRSSMB = peakRSS()
-	return r, nil
+	r, _, err := e.drive(ctx, o, "fanout", `{"name": "bench-fanout", "tasks": {`+strings.Join(parts, ",")+`}}`, 10, false, false)
+	return r, err
 }
 
 // sleep: runs that sleep 1s and then run one no-op step; lateness is the
@@ -229,28 +202,10 @@ func sleepers(ctx context.Context, o Options) (Result, error) {
 		return Result{}, err
 	}
 	defer e.stop()
-	id, _, err := e.eng.ApplyWorkflow(ctx, []byte(`{"name": "bench-sleep", "tasks": {"nap": {"sleep": "1s"}, "after": {"needs": ["nap"], "task": {"type": "bench.noop.v1"}}}}`))
+	r, steps, err := e.drive(ctx, o, "sleep", `{"name": "bench-sleep", "tasks": {"nap": {"sleep": "1s"}, "after": {"needs": ["nap"], "task": {"type": "bench.noop.v1"}}}}`, 2, false, true)
 	if err != nil {
 		return Result{}, err
 	}
-	e.startWorkers()
-	if err := e.triggerAll(ctx, "bench-sleep", o.N); err != nil {
-		return Result{}, err
-	}
-	completed, err := e.waitDone(ctx, id, o.N, o.Timeout)
-	if err != nil {
-		return Result{}, err
-	}
-	runs, steps, err := e.allRuns(ctx, id, true)
-	if err != nil {
-		return Result{}, err
-	}
-	r := result("sleep", e, o)
-	first, last, lat := span(runs)
-	r.Completed, r.TotalS = completed, last.Sub(first).Seconds()
-	r.UnitsPerS = round(float64(completed) / r.TotalS)
-	r.StepsPerS = round(float64(completed*2) / r.TotalS)
-	r.LatencyMS = pct(lat)
 	var late []float64
 	for _, ss := range steps {
 		for _, s := range ss {
@@ -260,7 +215,6 @@ func sleepers(ctx context.Context, o Options) (Result, error) {
 		}
 	}
 	r.LatenessMS = pct(late)
-	r.PeakRSSMB = peakRSS()
 	return r, nil
 }
 

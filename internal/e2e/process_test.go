@@ -77,23 +77,8 @@ type proc struct {
 func startServer(t *testing.T, addr, database string, extra ...string) *proc {
 	t.Helper()
 	args := append([]string{"server", "--listen", addr, "--database", database, "--egress-allow", "127.0.0.0/8", "--lease", "2s", "--log-level", "warn"}, extra...)
-	cmd := exec.Command(ferryBinary(t), args...)
-	cmd.Env = append(os.Environ(), "FERRY_API_KEY="+apiKey)
-	p := &proc{t: t, cmd: cmd, addr: addr, logs: &bytes.Buffer{}, done: make(chan struct{})}
-	pr, pw := io.Pipe()
-	cmd.Stdout, cmd.Stderr = pw, pw
-	go func() {
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			p.mu.Lock()
-			p.logs.WriteString(sc.Text() + "\n")
-			p.mu.Unlock()
-		}
-	}()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = cmd.Wait(); pw.Close(); close(p.done) }()
+	p := spawn(t, exec.Command(ferryBinary(t), args...))
+	p.addr = addr
 	t.Cleanup(func() { p.kill() })
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -114,6 +99,28 @@ func startServer(t *testing.T, addr, database string, extra ...string) *proc {
 		}
 		time.Sleep(20 * time.Millisecond) // polling interval
 	}
+}
+
+// spawn starts cmd with the test API key, collecting its output.
+func spawn(t *testing.T, cmd *exec.Cmd) *proc {
+	t.Helper()
+	cmd.Env = append(os.Environ(), "FERRY_API_KEY="+apiKey)
+	p := &proc{t: t, cmd: cmd, logs: &bytes.Buffer{}, done: make(chan struct{})}
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.logs.WriteString(sc.Text() + "\n")
+			p.mu.Unlock()
+		}
+	}()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = cmd.Wait(); pw.Close(); close(p.done) }()
+	return p
 }
 
 func (p *proc) output() string {

@@ -1,12 +1,9 @@
 package e2e
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,23 +27,7 @@ func testWorkerBinary(t *testing.T) string {
 func startWorker(t *testing.T, base, out string, args ...string) *proc {
 	t.Helper()
 	args = append([]string{"--server", base, "--out", out}, args...)
-	cmd := exec.Command(testWorkerBinary(t), args...)
-	cmd.Env = append(os.Environ(), "FERRY_API_KEY="+apiKey)
-	p := &proc{t: t, cmd: cmd, logs: &bytes.Buffer{}, done: make(chan struct{})}
-	pr, pw := io.Pipe()
-	cmd.Stdout, cmd.Stderr = pw, pw
-	go func() {
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			p.mu.Lock()
-			p.logs.WriteString(sc.Text() + "\n")
-			p.mu.Unlock()
-		}
-	}()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = cmd.Wait(); pw.Close(); close(p.done) }()
+	p := spawn(t, exec.Command(testWorkerBinary(t), args...))
 	t.Cleanup(func() {
 		p.kill()
 		if t.Failed() {

@@ -196,3 +196,28 @@ func withParam(t *testing.T, dsn, k, v string) string {
 	u.RawQuery = q.Encode()
 	return u.String()
 }
+
+// TestMaxConnsOption: ferry_max_conns sizes the pool and never reaches
+// Postgres; a bad value is refused.
+func TestMaxConnsOption(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	s, err := postgres.Open(t.Context(), dsn+"&ferry_max_conns=5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if got := s.DB().Stats().MaxOpenConnections; got != 5 {
+		t.Errorf("max open connections = %d, want 5", got)
+	}
+	if _, err := postgres.Open(t.Context(), dsn+"&ferry_max_conns=zero"); err == nil {
+		t.Error("ferry_max_conns=zero accepted")
+	}
+	d, err := postgres.Open(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if got := d.DB().Stats().MaxOpenConnections; got != postgres.DefaultMaxConns {
+		t.Errorf("default max open connections = %d, want %d", got, postgres.DefaultMaxConns)
+	}
+}

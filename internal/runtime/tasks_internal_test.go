@@ -1,0 +1,142 @@
+package runtime
+
+import (
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/clock"
+	"github.com/ferryhq/ferry/internal/status"
+	"github.com/ferryhq/ferry/internal/step/httpstep"
+	"github.com/ferryhq/ferry/internal/store"
+	"github.com/ferryhq/ferry/internal/store/sqlite"
+)
+
+func newInternal(t *testing.T) (*Runtime, store.Store, *clock.Fake) {
+	t.Helper()
+	s, err := sqlite.Open(filepath.Join(t.TempDir(), "r.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := s.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	clk := clock.NewFake(time.Date(2026, 2, 22, 10, 0, 0, 0, time.UTC))
+	return New(Config{Store: s, Clock: clk, HTTP: httpstep.New(nil), Logger: slog.New(slog.DiscardHandler), PublicURL: "http://ferry.test"}), s, clk
+}
+
+func claimOne(t *testing.T, r *Runtime, lease time.Duration) *store.Task {
+	t.Helper()
+	got, err := r.ClaimTasks(t.Context(), ClaimRequest{Types: []string{"t.%"}, WorkerID: "w", Lease: lease, Max: 1})
+	if err != nil || len(got) != 1 {
+		t.Fatalf("claim: %v (%d tasks)", err, len(got))
+	}
+	return got[0]
+}
+
+func eventTypes(t *testing.T, s store.Store, id string) []string {
+	t.Helper()
+	evs, err := s.ListEvents(t.Context(), id, 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range evs {
+		out = append(out, e.Type)
+	}
+	return out
+}
+
+// TestSweepFailsTaskWhoseFinalLeaseExpired: with no worker left to reclaim
+// it, a task whose last attempt's lease ran out is failed by the sweep, so
+// its step does not stay running forever. A task with attempts left is not.
+func TestSweepFailsTaskWhoseFinalLeaseExpired(t *testing.T) {
+	r, s, clk := newInternal(t)
+	last, _, err := r.CreateTask(t.Context(), NewTask{Type: "t.last.v1", MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimOne(t, r, time.Minute)
+	spare, _, err := r.CreateTask(t.Context(), NewTask{Type: "t.spare.v1", MaxAttempts: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimOne(t, r, time.Minute)
+
+	clk.Advance(59 * time.Second)
+	r.failExhaustedLeases(t.Context())
+	if got, _ := s.GetTask(t.Context(), last.ID); got.Status != status.TaskLeased {
+		t.Fatalf("failed before its lease ended: %s", got.Status)
+	}
+	clk.Advance(2 * time.Second)
+	r.failExhaustedLeases(t.Context())
+	got, _ := s.GetTask(t.Context(), last.ID)
+	if got.Status != status.TaskFailed || got.Attempt != 1 {
+		t.Errorf("exhausted task: status %s attempt %d, want failed at 1", got.Status, got.Attempt)
+	}
+	if ev := eventTypes(t, s, last.ID); ev[len(ev)-2] != "lease_expired" || ev[len(ev)-1] != "failed" {
+		t.Errorf("events %v: want ... lease_expired, failed", ev)
+	}
+	if got, _ := s.GetTask(t.Context(), spare.ID); got.Status != status.TaskLeased {
+		t.Errorf("a task with attempts left was touched: %s", got.Status)
+	}
+}
+
+// TestReleaseTasksUndoesUndeliveredClaim: a claim whose worker hung up is
+// handed back: pending, attempt not counted, claimable again.
+func TestReleaseTasksUndoesUndeliveredClaim(t *testing.T) {
+	r, s, _ := newInternal(t)
+	k, _, err := r.CreateTask(t.Context(), NewTask{Type: "t.rel.v1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := claimOne(t, r, time.Minute)
+	r.ReleaseTasks(t.Context(), []*store.Task{c})
+	got, _ := s.GetTask(t.Context(), k.ID)
+	if got.Status != status.TaskPending || got.Attempt != 0 || got.LeaseToken != "" {
+		t.Fatalf("after release: status %s attempt %d token %q", got.Status, got.Attempt, got.LeaseToken)
+	}
+	if ev := eventTypes(t, s, k.ID); ev[len(ev)-1] != "released" {
+		t.Errorf("events %v: want a released event last", ev)
+	}
+	again := claimOne(t, r, time.Minute)
+	if again.ID != k.ID || again.Attempt != 1 {
+		t.Errorf("reclaimed %s at attempt %d", again.ID, again.Attempt)
+	}
+	// A stale release (the task was claimed again) changes nothing.
+	r.ReleaseTasks(t.Context(), []*store.Task{c})
+	if got, _ := s.GetTask(t.Context(), k.ID); got.Status != status.TaskLeased || got.LeaseToken != again.LeaseToken {
+		t.Errorf("stale release touched the new lease: %s %q", got.Status, got.LeaseToken)
+	}
+}
+
+// TestDrainEndsWaitingClaims: a long-poll returns empty at once when the
+// server starts shutting down.
+func TestDrainEndsWaitingClaims(t *testing.T) {
+	r, _, _ := newInternal(t)
+	done := make(chan error, 1)
+	go func() {
+		got, err := r.ClaimTasks(t.Context(), ClaimRequest{Types: []string{"t.%"}, WorkerID: "w", Max: 1, Wait: 60 * time.Second})
+		if err == nil && len(got) != 0 {
+			err = errUnexpected
+		}
+		done <- err
+	}()
+	r.Drain()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("claim still waiting after Drain")
+	}
+}
+
+var errUnexpected = errorString("claim returned tasks")
+
+type errorString string
+
+func (e errorString) Error() string { return string(e) }

@@ -40,6 +40,8 @@ type Options struct {
 	// the median units_per_s (settings.units_per_s_all lists every run).
 	Repeat int
 	Logger *slog.Logger
+	// progress, when set, receives each scale level as it is measured.
+	progress func(Result)
 }
 
 // Pct are latency percentiles in milliseconds.
@@ -77,8 +79,22 @@ func Run(ctx context.Context, o Options, out io.Writer) ([]Result, error) {
 	}
 	var results []Result
 	for _, name := range names {
+		if name == "scale" {
+			o.progress = func(r Result) {
+				if out != nil {
+					b, _ := json.Marshal(r)
+					fmt.Fprintln(out, string(b))
+				}
+			}
+			rs, err := scale(ctx, o)
+			results = append(results, rs...)
+			if err != nil {
+				return results, fmt.Errorf("scale: %w", err)
+			}
+			continue
+		}
 		if _, ok := defaultN[name]; !ok {
-			return results, fmt.Errorf("unknown workload %q (use %s, sleep-rss or all)", name, strings.Join(Workloads, ", "))
+			return results, fmt.Errorf("unknown workload %q (use %s, sleep-rss, scale or all)", name, strings.Join(Workloads, ", "))
 		}
 		r, err := runMedian(ctx, name, o)
 		if err != nil {

@@ -90,3 +90,25 @@ func TestSleepRSSAndRepeat(t *testing.T) {
 		t.Errorf("reported %v is not the median of %v", res[0].UnitsPerS, all)
 	}
 }
+
+// TestScaleReportsEachLevel: scale measures hand-off and claim latency at
+// three retained sizes and reports one line per level.
+func TestScaleReportsEachLevel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a workload")
+	}
+	var out bytes.Buffer
+	res, err := Run(t.Context(), Options{Workload: "scale", Database: "sqlite", N: 300, Workers: 8, Timeout: time.Minute}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 3 || strings.Count(out.String(), "\n") != 3 {
+		t.Fatalf("%d results, output:\n%s", len(res), out.String())
+	}
+	for i, want := range []int{3, 30, 300} {
+		r := res[i]
+		if r.N != want || r.Completed != want || r.HandoffMS == nil || r.LatencyMS == nil {
+			t.Errorf("level %d: %+v", i, r)
+		}
+	}
+}

@@ -1,0 +1,178 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/ferryhq/ferry/client"
+	"github.com/ferryhq/ferry/internal/status"
+	"github.com/ferryhq/ferry/internal/store"
+	"github.com/ferryhq/ferry/worker"
+)
+
+// scaleProbes is how many chain10 runs and single claims each level measures.
+const scaleProbes = 100
+
+// scale retains ever more finished runs (default 10k, 100k, 1M; with -n N:
+// N/100, N/10, N) and at each level measures chain10 hand-off latency and the
+// latency of claiming one task: finished work must not slow the hot path.
+// One result per level: n is the retained count, handoff_ms the chain10
+// hand-off, latency_ms the claim latency.
+func scale(ctx context.Context, o Options) ([]Result, error) {
+	levels := []int{10_000, 100_000, 1_000_000}
+	if o.N > 0 {
+		levels = []int{max(o.N/100, 1), max(o.N/10, 1), o.N}
+	}
+	if o.Workers <= 0 {
+		o.Workers = 64
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 2 * time.Hour
+	}
+	var mu sync.Mutex
+	type mark struct{ start, end time.Time }
+	marks := map[string]map[string]*mark{}
+	h := func(_ context.Context, t *worker.Task) (any, error) {
+		start := time.Now()
+		mu.Lock()
+		m := marks[t.RunID]
+		if m == nil {
+			m = map[string]*mark{}
+			marks[t.RunID] = m
+		}
+		m[t.Step] = &mark{start: start, end: time.Now()}
+		mu.Unlock()
+		return map[string]any{"ok": true}, nil
+	}
+	e, err := start(ctx, o, h)
+	if err != nil {
+		return nil, err
+	}
+	defer e.stop()
+	var steps []string
+	for i := 1; i <= 10; i++ {
+		need := ""
+		if i > 1 {
+			need = fmt.Sprintf(`"needs": ["s%d"], `, i-1)
+		}
+		steps = append(steps, fmt.Sprintf(`"s%d": {%s"task": {"type": "bench.noop.v1"}}`, i, need))
+	}
+	chainID, _, err := e.eng.ApplyWorkflow(ctx, []byte(`{"name": "bench-chain10", "tasks": {`+strings.Join(steps, ",")+`}}`))
+	if err != nil {
+		return nil, err
+	}
+	keptID, keptVersion, err := e.eng.ApplyWorkflow(ctx, []byte(`{"name": "bench-retained", "tasks": {"job": {"task": {"type": "bench.retained.v1"}}}}`))
+	if err != nil {
+		return nil, err
+	}
+	e.startWorkers()
+	var out []Result
+	retained, chained := 0, 0
+	for _, level := range levels {
+		if err := e.retain(ctx, keptID, keptVersion, level-retained); err != nil {
+			return out, err
+		}
+		retained = level
+		mu.Lock()
+		clear(marks)
+		mu.Unlock()
+		chained += scaleProbes
+		if err := e.triggerAll(ctx, "bench-chain10", scaleProbes); err != nil {
+			return out, err
+		}
+		if _, err := e.waitDone(ctx, chainID, chained, o.Timeout); err != nil {
+			return out, err
+		}
+		var hand []float64
+		mu.Lock()
+		for _, m := range marks {
+			for k := 1; k < 10; k++ {
+				a, b := m["s"+strconv.Itoa(k)], m["s"+strconv.Itoa(k+1)]
+				if a != nil && b != nil {
+					hand = append(hand, msBetween(a.end, b.start))
+				}
+			}
+		}
+		mu.Unlock()
+		claims, err := e.claimLatency(ctx)
+		if err != nil {
+			return out, err
+		}
+		r := Result{Workload: "scale", Backend: e.backend, N: level, Completed: retained, HandoffMS: pct(hand), LatencyMS: pct(claims), PeakRSSMB: peakRSS(), Settings: map[string]any{}}
+		for k, v := range e.settings {
+			r.Settings[k] = v
+		}
+		r.Settings["retained_runs"] = retained
+		r.Settings["probe_runs"] = scaleProbes
+		r.Settings["latency"] = "claim of one task (ms)"
+		out = append(out, r)
+		if o.progress != nil {
+			o.progress(r)
+		}
+	}
+	return out, nil
+}
+
+// retain writes n finished one-step runs (run, step, succeeded task and
+// events), as years of history would leave them.
+func (e *env) retain(ctx context.Context, workflowID string, version, n int) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(n) {
+				now := time.Now()
+				runID := uuid.Must(uuid.NewV7()).String()
+				fin := now
+				nr := &store.NewRun{
+					Run:    store.Run{ID: runID, WorkflowID: workflowID, Version: version, Status: status.RunCompleted, Input: json.RawMessage(`{"kept":true}`), StartedAt: now, FinishedAt: &fin, ExpiresAt: now.Add(30 * 24 * time.Hour)},
+					Steps:  []*store.StepRun{{Name: "job", Type: "task", Status: status.StepSuccess, Attempt: 1, Body: []byte(`{"ok":true}`), StartedAt: &fin, FinishedAt: &fin}},
+					Tasks:  []*store.Task{{Type: "bench.retained.v1", Payload: json.RawMessage(`{}`), Status: status.TaskSucceeded, Priority: 100, RunAt: now, Attempt: 1, Result: json.RawMessage(`{"ok":true}`), Step: "job", FinishedAt: &fin}},
+					Events: []store.NewEvent{{Type: "run_started"}, {Type: "step_succeeded", Step: "job"}, {Type: "run_completed"}},
+				}
+				if _, _, err := e.st.CreateRun(ctx, nr, now); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// claimLatency times single-task claims with many finished tasks around.
+func (e *env) claimLatency(ctx context.Context) ([]float64, error) {
+	for i := 0; i < scaleProbes; i++ {
+		if _, _, err := e.eng.CreateTask(ctx, client.NewTask{Type: "scale.probe.v1"}); err != nil {
+			return nil, err
+		}
+	}
+	var lat []float64
+	for i := 0; i < scaleProbes; i++ {
+		t0 := time.Now()
+		got, err := e.eng.ClaimTasks(ctx, client.ClaimRequest{Types: []string{"scale.%"}, WorkerID: "probe", Lease: time.Minute, Max: 1})
+		if err != nil {
+			return nil, err
+		}
+		lat = append(lat, msBetween(t0, time.Now()))
+		for _, t := range got {
+			if err := e.eng.CompleteTask(ctx, t.ID, t.LeaseToken, map[string]any{}); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return lat, nil
+}

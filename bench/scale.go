@@ -3,9 +3,6 @@ package bench
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,7 +12,6 @@ import (
 	"github.com/ferryhq/ferry/client"
 	"github.com/ferryhq/ferry/internal/status"
 	"github.com/ferryhq/ferry/internal/store"
-	"github.com/ferryhq/ferry/worker"
 )
 
 // scaleProbes is how many chain10 runs and single claims each level measures.
@@ -37,35 +33,13 @@ func scale(ctx context.Context, o Options) ([]Result, error) {
 	if o.Timeout <= 0 {
 		o.Timeout = 2 * time.Hour
 	}
-	var mu sync.Mutex
-	type mark struct{ start, end time.Time }
-	marks := map[string]map[string]*mark{}
-	h := func(_ context.Context, t *worker.Task) (any, error) {
-		start := time.Now()
-		mu.Lock()
-		m := marks[t.RunID]
-		if m == nil {
-			m = map[string]*mark{}
-			marks[t.RunID] = m
-		}
-		m[t.Step] = &mark{start: start, end: time.Now()}
-		mu.Unlock()
-		return map[string]any{"ok": true}, nil
-	}
-	e, err := start(ctx, o, h)
+	h := newHandoffs()
+	e, err := start(ctx, o, h.handle)
 	if err != nil {
 		return nil, err
 	}
 	defer e.stop()
-	var steps []string
-	for i := 1; i <= 10; i++ {
-		need := ""
-		if i > 1 {
-			need = fmt.Sprintf(`"needs": ["s%d"], `, i-1)
-		}
-		steps = append(steps, fmt.Sprintf(`"s%d": {%s"task": {"type": "bench.noop.v1"}}`, i, need))
-	}
-	chainID, _, err := e.eng.ApplyWorkflow(ctx, []byte(`{"name": "bench-chain10", "tasks": {`+strings.Join(steps, ",")+`}}`))
+	chainID, _, err := e.eng.ApplyWorkflow(ctx, []byte(chain10Def()))
 	if err != nil {
 		return nil, err
 	}
@@ -81,9 +55,7 @@ func scale(ctx context.Context, o Options) ([]Result, error) {
 			return out, err
 		}
 		retained = level
-		mu.Lock()
-		clear(marks)
-		mu.Unlock()
+		h.reset()
 		chained += scaleProbes
 		if err := e.triggerAll(ctx, "bench-chain10", scaleProbes); err != nil {
 			return out, err
@@ -91,22 +63,11 @@ func scale(ctx context.Context, o Options) ([]Result, error) {
 		if _, err := e.waitDone(ctx, chainID, chained, o.Timeout); err != nil {
 			return out, err
 		}
-		var hand []float64
-		mu.Lock()
-		for _, m := range marks {
-			for k := 1; k < 10; k++ {
-				a, b := m["s"+strconv.Itoa(k)], m["s"+strconv.Itoa(k+1)]
-				if a != nil && b != nil {
-					hand = append(hand, msBetween(a.end, b.start))
-				}
-			}
-		}
-		mu.Unlock()
 		claims, err := e.claimLatency(ctx)
 		if err != nil {
 			return out, err
 		}
-		r := Result{Workload: "scale", Backend: e.backend, N: level, Completed: retained, HandoffMS: pct(hand), LatencyMS: pct(claims), PeakRSSMB: peakRSS(), Settings: map[string]any{}}
+		r := Result{Workload: "scale", Backend: e.backend, N: level, Completed: retained, HandoffMS: pct(h.chain10()), LatencyMS: pct(claims), PeakRSSMB: peakRSS(), Settings: map[string]any{}}
 		for k, v := range e.settings {
 			r.Settings[k] = v
 		}

@@ -122,33 +122,54 @@ func jobs(ctx context.Context, o Options) (Result, error) {
 	return r, err
 }
 
-// chain10: runs of 10 sequential steps, all in flight at once; hand-off is
-// measured inside the handlers (step k ends → step k+1 starts).
-func chain(ctx context.Context, o Options) (Result, error) {
-	var mu sync.Mutex
-	type mark struct{ start, end time.Time }
-	marks := map[string]map[string]*mark{}
-	h := func(_ context.Context, t *worker.Task) (any, error) {
-		now := time.Now()
-		mu.Lock()
-		m := marks[t.RunID]
-		if m == nil {
-			m = map[string]*mark{}
-			marks[t.RunID] = m
+// handoffs records, inside the handlers, when each step of each run starts
+// and ends.
+type handoffs struct {
+	mu    sync.Mutex
+	marks map[string]map[string]*mark // run id -> step -> times
+}
+
+type mark struct{ start, end time.Time }
+
+func newHandoffs() *handoffs { return &handoffs{marks: map[string]map[string]*mark{}} }
+
+func (h *handoffs) handle(_ context.Context, t *worker.Task) (any, error) {
+	start := time.Now()
+	h.mu.Lock()
+	m := h.marks[t.RunID]
+	if m == nil {
+		m = map[string]*mark{}
+		h.marks[t.RunID] = m
+	}
+	m[t.Step] = &mark{start: start, end: time.Now()}
+	h.mu.Unlock()
+	return map[string]any{"ok": true}, nil
+}
+
+func (h *handoffs) reset() {
+	h.mu.Lock()
+	clear(h.marks)
+	h.mu.Unlock()
+}
+
+// chain10 is every step k end → step k+1 start of the chain10 runs seen.
+func (h *handoffs) chain10() []float64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []float64
+	for _, m := range h.marks {
+		for k := 1; k < 10; k++ {
+			a, b := m["s"+strconv.Itoa(k)], m["s"+strconv.Itoa(k+1)]
+			if a != nil && b != nil {
+				out = append(out, msBetween(a.end, b.start))
+			}
 		}
-		m[t.Step] = &mark{start: now}
-		mu.Unlock()
-		end := time.Now()
-		mu.Lock()
-		m[t.Step].end = end
-		mu.Unlock()
-		return map[string]any{"ok": true}, nil
 	}
-	e, err := start(ctx, o, h)
-	if err != nil {
-		return Result{}, err
-	}
-	defer e.stop()
+	return out
+}
+
+// chain10Def is ten sequential no-op task steps, s1 … s10.
+func chain10Def() string {
 	var steps []string
 	for i := 1; i <= 10; i++ {
 		need := ""
@@ -157,22 +178,23 @@ func chain(ctx context.Context, o Options) (Result, error) {
 		}
 		steps = append(steps, fmt.Sprintf(`"s%d": {%s"task": {"type": "bench.noop.v1"}}`, i, need))
 	}
-	r, _, err := e.drive(ctx, o, "chain10", `{"name": "bench-chain10", "tasks": {`+strings.Join(steps, ",")+`}}`, 10, false, false)
+	return `{"name": "bench-chain10", "tasks": {` + strings.Join(steps, ",") + `}}`
+}
+
+// chain10: runs of 10 sequential steps, all in flight at once; hand-off is
+// measured inside the handlers (step k ends → step k+1 starts).
+func chain(ctx context.Context, o Options) (Result, error) {
+	h := newHandoffs()
+	e, err := start(ctx, o, h.handle)
 	if err != nil {
 		return Result{}, err
 	}
-	var hand []float64
-	mu.Lock()
-	for _, m := range marks {
-		for k := 1; k < 10; k++ {
-			a, b := m["s"+strconv.Itoa(k)], m["s"+strconv.Itoa(k+1)]
-			if a != nil && b != nil {
-				hand = append(hand, msBetween(a.end, b.start))
-			}
-		}
+	defer e.stop()
+	r, _, err := e.drive(ctx, o, "chain10", chain10Def(), 10, false, false)
+	if err != nil {
+		return Result{}, err
 	}
-	mu.Unlock()
-	r.HandoffMS = pct(hand)
+	r.HandoffMS = pct(h.chain10())
 	return r, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"syscall"
@@ -118,7 +119,7 @@ func migrateCmd() *cobra.Command {
 
 // redact hides a Postgres password in logs.
 func redact(db string) string {
-	if u, err := urlParse(db); err == nil && u.User != nil {
+	if u, err := url.Parse(db); err == nil && u.User != nil {
 		if _, ok := u.User.Password(); ok {
 			return u.Redacted()
 		}

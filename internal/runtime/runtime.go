@@ -46,8 +46,6 @@ type Config struct {
 	// SafetyTick bounds how long the dispatcher sleeps without a wake-up.
 	// Default 5s.
 	SafetyTick time.Duration
-	// Limits bounds definitions (used when re-reading stored ones).
-	Limits spec.Limits
 }
 
 // Runtime executes workflow runs.
@@ -87,9 +85,6 @@ func New(cfg Config) *Runtime {
 	}
 	if cfg.SafetyTick <= 0 {
 		cfg.SafetyTick = 5 * time.Second
-	}
-	if cfg.Limits == (spec.Limits{}) {
-		cfg.Limits = spec.Limits{} // stored definitions were validated at write time
 	}
 	cfg.PublicURL = strings.TrimRight(cfg.PublicURL, "/")
 	return &Runtime{
@@ -291,7 +286,7 @@ func (r *Runtime) decide(def *spec.Workflow, run *store.Run, steps []*store.Step
 				s.Status, s.FinishedAt = status.StepSuccess, &now
 				ch.events = append(ch.events, store.NewEvent{Type: "step_succeeded", Step: s.Name, Data: map[string]any{"early_callback": true}})
 				// The engine saw it as waiting; decide again.
-				r.decideMore(def, run, steps, ch)
+				r.decide(def, run, steps, ch)
 				return
 			}
 			s.Status = status.StepWaiting
@@ -304,10 +299,6 @@ func (r *Runtime) decide(def *spec.Workflow, run *store.Run, steps []*store.Step
 		}
 	}
 	r.finishIfDone(def, run, steps, ch)
-}
-
-func (r *Runtime) decideMore(def *spec.Workflow, run *store.Run, steps []*store.StepRun, ch *changes) {
-	r.decide(def, run, steps, ch)
 }
 
 func (r *Runtime) finishIfDone(def *spec.Workflow, run *store.Run, steps []*store.StepRun, ch *changes) {

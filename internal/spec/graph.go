@@ -119,7 +119,7 @@ func checkExpressions(c *collector, w *Workflow) {
 				c.add(base+".if", CodeInvalidCondition, "%v", err)
 			} else {
 				s.Cond = cond
-				checkRefs(c, w, base+".if", s, up, cond.Refs(), true)
+				checkRefs(c, w, base+".if", s, up, cond.Refs())
 			}
 		}
 		if s.Type == StepTask && s.HasPayload {
@@ -127,7 +127,7 @@ func checkExpressions(c *collector, w *Workflow) {
 			if err != nil {
 				c.add(base+".task.payload", CodeInvalidTemplate, "%v", err)
 			} else {
-				checkRefs(c, w, base+".task.payload", s, up, refs, false)
+				checkRefs(c, w, base+".task.payload", s, up, refs)
 			}
 		}
 		if s.Type != StepHTTP {
@@ -147,7 +147,7 @@ func checkExpressions(c *collector, w *Workflow) {
 			if err != nil {
 				c.add(base+".body", CodeInvalidTemplate, "%v", err)
 			} else {
-				checkRefs(c, w, base+".body", s, up, refs, false)
+				checkRefs(c, w, base+".body", s, up, refs)
 			}
 		}
 	}
@@ -159,13 +159,13 @@ func checkTemplateString(c *collector, w *Workflow, p string, s *Step, up map[st
 		c.add(p, CodeInvalidTemplate, "%v", err)
 		return
 	}
-	checkRefs(c, w, p, s, up, t.Refs(), false)
+	checkRefs(c, w, p, s, up, t.Refs())
 }
 
 // checkRefs rejects references that can never resolve: unknown namespaces,
 // unknown steps, and steps that are not upstream (they might not have run
 // when this step starts: the seed's "impossible dependency chains").
-func checkRefs(c *collector, w *Workflow, p string, s *Step, up map[string]bool, refs []expr.Path, inCondition bool) {
+func checkRefs(c *collector, w *Workflow, p string, s *Step, up map[string]bool, refs []expr.Path) {
 	for _, r := range refs {
 		segs := r.Names()
 		text := r.String()
@@ -212,7 +212,6 @@ func checkRefs(c *collector, w *Workflow, p string, s *Step, up map[string]bool,
 			c.add(p, CodeUnknownNamespace, "%q: unknown namespace %q; use trigger, tasks or wait", text, segs[0])
 		}
 	}
-	_ = inCondition
 }
 
 func didYouMean(n string, w *Workflow) string {

@@ -135,7 +135,10 @@ func (e *Engine) Drain() { e.rt.Drain() }
 func (e *Engine) Nudge() { e.rt.Nudge() }
 
 // Close releases the database.
-func (e *Engine) Close() error { return e.store.Close() }
+func (e *Engine) Close() error {
+	e.rt.Close()
+	return e.store.Close()
+}
 
 // Store exposes the underlying store to tools and tests in this module.
 func (e *Engine) Store() store.Store { return e.store }

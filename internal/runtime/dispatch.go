@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/ferryhq/ferry/internal/engine"
@@ -44,7 +45,14 @@ func (r *Runtime) Run(ctx context.Context) error {
 				r.sem <- struct{}{}
 				r.wg.Add(1)
 				go func(it *store.QueueItem) {
-					defer func() { <-r.sem; r.wg.Done(); r.Nudge() }()
+					defer func() {
+						<-r.sem
+						r.wg.Done()
+						select {
+						case r.freed <- struct{}{}:
+						default:
+						}
+					}()
 					r.process(ctx, it)
 				}(it)
 			}
@@ -63,6 +71,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
 			case <-r.wake:
+			case <-r.freed:
 			}
 			continue
 		}
@@ -71,6 +80,9 @@ func (r *Runtime) Run(ctx context.Context) error {
 }
 
 func (r *Runtime) sleepUntilDue(ctx context.Context) {
+	// Deciding: every commit that queues something wakes us until the
+	// plan is set, so an item committed after NextDue read is not missed.
+	r.planned.Store(math.MaxInt64)
 	wait := r.cfg.SafetyTick
 	next, ok, err := r.st.NextDue(ctx)
 	if err != nil && ctx.Err() == nil {
@@ -84,6 +96,7 @@ func (r *Runtime) sleepUntilDue(ctx context.Context) {
 	if wait <= 0 {
 		return
 	}
+	r.planned.Store(r.clk.Now().Add(wait).UnixNano())
 	t := r.clk.NewTimer(wait)
 	defer t.Stop()
 	select {
@@ -106,11 +119,6 @@ func (r *Runtime) process(ctx context.Context, it *store.QueueItem) {
 		err = r.expireRun(ctx, it)
 	default:
 		err = fmt.Errorf("unknown queue item kind %q", it.Kind)
-	}
-	if err == nil {
-		// The item may have started task steps; wake waiting claims now
-		// that the transaction is committed.
-		r.tasksReady()
 	}
 	switch {
 	case err == nil, ctx.Err() != nil:

@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	mrand "math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -57,16 +59,27 @@ type Runtime struct {
 	defs  sync.Map // "id@version" -> *spec.Workflow
 	types sync.Map // task type -> cachedType
 	wake  chan struct{}
+	freed chan struct{} // a processing slot came free
 	sem   chan struct{}
-	mu    sync.Mutex
-	inflt map[string]map[int64]context.CancelFunc // run id -> item id -> cancel
-	wg    sync.WaitGroup
+	// planned is when the dispatcher will next look at the queue (Unix
+	// ns; MaxInt64 while it is deciding): commits that queue something
+	// due earlier wake it, others need not.
+	planned atomic.Int64
+	mu      sync.Mutex
+	inflt   map[string]map[int64]context.CancelFunc // run id -> item id -> cancel
+	wg      sync.WaitGroup
 
 	drainOnce sync.Once
 	draining  chan struct{} // closed when the server stops: long-polls return
 
 	taskMu  sync.Mutex
 	taskSig chan struct{} // closed and replaced when tasks may have become claimable
+
+	reports    chan *reportReq
+	reportOnce sync.Once
+	reportWG   sync.WaitGroup
+	closeOnce  sync.Once
+	closed     chan struct{}
 }
 
 // New builds a runtime; call Run to start dispatching.
@@ -87,16 +100,34 @@ func New(cfg Config) *Runtime {
 		cfg.SafetyTick = 5 * time.Second
 	}
 	cfg.PublicURL = strings.TrimRight(cfg.PublicURL, "/")
-	return &Runtime{
+	r := &Runtime{
 		cfg:      cfg,
 		st:       cfg.Store,
 		clk:      cfg.Clock,
 		log:      cfg.Logger,
 		wake:     make(chan struct{}, 1),
+		freed:    make(chan struct{}, 1),
 		sem:      make(chan struct{}, cfg.Concurrency),
 		inflt:    map[string]map[int64]context.CancelFunc{},
 		taskSig:  make(chan struct{}),
 		draining: make(chan struct{}),
+		reports:  make(chan *reportReq, 4*maxReportBatch),
+		closed:   make(chan struct{}),
+	}
+	r.planned.Store(math.MaxInt64)
+	cfg.Store.OnCommit(r.committed)
+	return r
+}
+
+// committed wakes what a committed write made ready: waiting claims when
+// tasks became claimable, the dispatcher when an item is due before it
+// would look anyway. Wake-ups follow commits, so nothing is missed.
+func (r *Runtime) committed(c store.Committed) {
+	if c.Tasks {
+		r.tasksReady()
+	}
+	if !c.QueueDue.IsZero() && c.QueueDue.UnixNano() < r.planned.Load() {
+		r.Nudge()
 	}
 }
 
@@ -193,10 +224,6 @@ func (r *Runtime) Trigger(ctx context.Context, req TriggerRequest) (*store.Run, 
 	}
 	if created {
 		r.log.Info("run started", "run_id", got.ID, "workflow", wf.Name, "version", wf.Version)
-		r.Nudge()
-		if len(ch.tasks) > 0 {
-			r.tasksReady()
-		}
 	}
 	return got, created, nil
 }
@@ -409,7 +436,7 @@ func (r *Runtime) DeliverWebhook(ctx context.Context, token string, payload []by
 		payload = []byte("null")
 	}
 	now := r.clk.Now()
-	err = r.st.InRun(ctx, runID, now, func(tx store.RunTx) error {
+	return r.st.InRun(ctx, runID, now, func(tx store.RunTx) error {
 		run := tx.Run()
 		s := tx.Step(name)
 		if s == nil {
@@ -434,11 +461,6 @@ func (r *Runtime) DeliverWebhook(ctx context.Context, token string, payload []by
 		}
 		return r.advance(ctx, tx, ch)
 	})
-	if err == nil {
-		r.Nudge()
-		r.tasksReady()
-	}
-	return err
 }
 
 func jitter() float64 { return mrand.Float64() }

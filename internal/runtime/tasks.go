@@ -84,11 +84,7 @@ func (r *Runtime) CreateTask(ctx context.Context, nt NewTask) (*store.Task, bool
 	if nt.RunAt != nil && nt.RunAt.After(now) {
 		t.RunAt = *nt.RunAt
 	}
-	got, created, err := r.st.CreateTask(ctx, t, now)
-	if err == nil && created {
-		r.tasksReady()
-	}
-	return got, created, err
+	return r.st.CreateTask(ctx, t, now)
 }
 
 // TaskDefaults resolves a task's effective max attempts and retry delay: the
@@ -229,9 +225,6 @@ func (r *Runtime) ReleaseTasks(ctx context.Context, ts []*store.Task) {
 		if err != nil {
 			r.log.Warn("releasing undelivered task failed", "task_id", t.ID, "err", err)
 		}
-	}
-	if len(ts) > 0 {
-		r.tasksReady()
 	}
 }
 
@@ -379,32 +372,6 @@ func (r *Runtime) FailTask(ctx context.Context, id, token, msg string, retryable
 	})
 }
 
-// reportTask runs a worker's report under the task's lock after checking
-// the lease token (the fence against stale workers).
-func (r *Runtime) reportTask(ctx context.Context, id, token string, fn func(tx store.TaskTx) error) (*store.Task, error) {
-	var out *store.Task
-	err := r.st.InTask(ctx, id, r.clk.Now(), func(tx store.TaskTx) error {
-		t := tx.Task()
-		if t.LeaseToken == "" || t.LeaseToken != token {
-			return fmt.Errorf("task %s: %w", id, ErrStaleLease)
-		}
-		if t.Status != status.TaskLeased {
-			return fmt.Errorf("task %s is %s: %w", id, t.Status, ErrTaskFinished)
-		}
-		if err := fn(tx); err != nil {
-			return err
-		}
-		out = tx.Task()
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	r.Nudge()
-	r.tasksReady()
-	return out, nil
-}
-
 // finishTask moves a task to a terminal status and, for a workflow step,
 // records the step's outcome and advances the run.
 func (r *Runtime) finishTask(ctx context.Context, tx store.TaskTx, final string, result json.RawMessage, msg string) error {
@@ -468,9 +435,6 @@ func (r *Runtime) CancelTask(ctx context.Context, id string) (*store.Task, error
 		out = tx.Task()
 		return nil
 	})
-	if err == nil {
-		r.Nudge()
-	}
 	return out, err
 }
 

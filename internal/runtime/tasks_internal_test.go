@@ -24,7 +24,9 @@ func newInternal(t *testing.T) (*Runtime, store.Store, *clock.Fake) {
 		t.Fatal(err)
 	}
 	clk := clock.NewFake(time.Date(2026, 2, 22, 10, 0, 0, 0, time.UTC))
-	return New(Config{Store: s, Clock: clk, HTTP: httpstep.New(nil), Logger: slog.New(slog.DiscardHandler), PublicURL: "http://ferry.test"}), s, clk
+	r := New(Config{Store: s, Clock: clk, HTTP: httpstep.New(nil), Logger: slog.New(slog.DiscardHandler), PublicURL: "http://ferry.test"})
+	t.Cleanup(r.Close)
+	return r, s, clk
 }
 
 func claimOne(t *testing.T, r *Runtime, lease time.Duration) *store.Task {

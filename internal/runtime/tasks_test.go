@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -98,6 +100,7 @@ func newEnv(t *testing.T, s store.Store) *env {
 		HTTP:      httpstep.New(nil),
 		Logger:    slog.New(slog.DiscardHandler),
 	})
+	t.Cleanup(rt.Close) // before the store's own cleanup, registered earlier
 	return &env{rt: rt, st: s, clk: clk}
 }
 
@@ -1007,6 +1010,74 @@ func TestWorkflowCancelTaskFailsStep(t *testing.T) {
 		if steps["upload"].Status != status.StepCancelled || steps["resize"].Status != status.StepSkipped || !steps["resize"].Blocked || run.Status != status.RunFailed {
 			t.Errorf("after cancelling the task: upload %s, resize %s (blocked %v), run %s; want cancelled, skipped+blocked, failed",
 				steps["upload"].Status, steps["resize"].Status, steps["resize"].Blocked, run.Status)
+		}
+	})
+}
+
+// TestConcurrentReportsBatched sends many reports at once, so they are
+// applied in shared transactions: parallel steps of one run and of many
+// runs all advance their runs, and a stale report among them is refused
+// without failing the others.
+func TestConcurrentReportsBatched(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e *env) {
+		ctx := t.Context()
+		e.workflow(t, `{"name": "fan", "tasks": {
+			"p1": {"task": {"type": "fan.step.v1"}}, "p2": {"task": {"type": "fan.step.v1"}},
+			"p3": {"task": {"type": "fan.step.v1"}}, "p4": {"task": {"type": "fan.step.v1"}},
+			"z": {"needs": ["p1", "p2", "p3", "p4"], "task": {"type": "fan.last.v1"}}}}`)
+		const runs = 12
+		ids := map[string]bool{}
+		for i := range runs {
+			ids[e.trigger(t, "fan", fmt.Sprintf(`{"i": %d}`, i)).ID] = true
+		}
+		got, err := e.rt.ClaimTasks(ctx, runtime.ClaimRequest{Types: []string{"fan.step.v1"}, WorkerID: "w", Lease: time.Minute, Max: 100})
+		must(t, err, "ClaimTasks")
+		if len(got) != 4*runs {
+			t.Fatalf("claimed %d parallel tasks, want %d", len(got), 4*runs)
+		}
+		var wg sync.WaitGroup
+		errs := make([]error, len(got)+1)
+		for i, k := range got {
+			wg.Go(func() {
+				_, errs[i] = e.rt.CompleteTask(ctx, k.ID, k.LeaseToken, json.RawMessage(fmt.Sprintf(`{"n": %d}`, i)))
+			})
+		}
+		wg.Go(func() { _, errs[len(got)] = e.rt.CompleteTask(ctx, got[0].ID, "stale-token", nil) })
+		wg.Wait()
+		for i, err := range errs[:len(got)] {
+			must(t, err, "CompleteTask "+got[i].Step)
+		}
+		wantIs(t, errs[len(got)], runtime.ErrStaleLease, "a report with a stale token")
+
+		last, err := e.rt.ClaimTasks(ctx, runtime.ClaimRequest{Types: []string{"fan.last.v1"}, WorkerID: "w", Lease: time.Minute, Max: 100})
+		must(t, err, "ClaimTasks last")
+		if len(last) != runs {
+			t.Fatalf("claimed %d join tasks, want one per run (%d)", len(last), runs)
+		}
+		for _, k := range last {
+			if !ids[k.RunID] {
+				t.Errorf("join task of unknown run %s", k.RunID)
+			}
+			_, err := e.rt.CompleteTask(ctx, k.ID, k.LeaseToken, nil)
+			must(t, err, "CompleteTask z")
+		}
+		for id := range ids {
+			run, steps := e.run(t, id)
+			if run.Status != status.RunCompleted {
+				t.Errorf("run %s = %s, want completed", id, run.Status)
+			}
+			for name, s := range steps {
+				if s.Status != status.StepSuccess {
+					t.Errorf("run %s step %s = %s, want success", id, name, s.Status)
+				}
+			}
+			evs, err := e.st.ListEvents(ctx, id, 0, 0)
+			must(t, err, "ListEvents")
+			for i, ev := range evs {
+				if ev.Seq != int64(i+1) {
+					t.Fatalf("run %s event %d has seq %d: sequence broken by batching", id, i, ev.Seq)
+				}
+			}
 		}
 	})
 }

@@ -173,6 +173,12 @@ type ClaimTasks struct {
 type Store interface {
 	// Dialect is "sqlite" or "postgres".
 	Dialect() string
+	// InTasks runs fn for many tasks in one transaction; see
+	// sqlstore.Store.InTasks for the locking order and ErrRetry.
+	InTasks(ctx context.Context, ids []string, now time.Time, fn func(i int, tx TaskTx) error) (errs []error, err error)
+	// OnCommit registers the function told about each committed write that
+	// queued items or made tasks claimable (set once, before use).
+	OnCommit(fn func(Committed))
 	Migrate(ctx context.Context) error
 	Close() error
 
@@ -275,6 +281,19 @@ type TaskTx interface {
 	AppendTask(events ...NewEvent) error
 	// Run is the owning run's transaction, or nil for a standalone task.
 	Run() RunTx
+}
+
+// ErrRetry: a batched request shares its run or task with an earlier one in
+// the same batch; submit it again in a later batch.
+var ErrRetry = errors.New("retry in a later batch")
+
+// Committed tells, after a write committed, what it made ready: the
+// earliest queue item it added (zero when none) and whether tasks became
+// claimable. Wake-ups follow commits, never precede them, so a woken
+// dispatcher or claim always sees the rows.
+type Committed struct {
+	QueueDue time.Time
+	Tasks    bool
 }
 
 // Notifier is an optional capability: a store that can tell other nodes that

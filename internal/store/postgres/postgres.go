@@ -8,18 +8,22 @@ package postgres
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/ferryhq/ferry/internal/store"
 	"github.com/ferryhq/ferry/internal/store/sqlstore"
 )
 
@@ -28,7 +32,13 @@ const channel = "ferry_queue"
 // Store is the Postgres store with LISTEN/NOTIFY wake-ups.
 type Store struct {
 	*sqlstore.Store
-	dsn string
+	dsn  string
+	node string // this server's NOTIFY payload, so it ignores its own
+
+	local   atomic.Pointer[func(store.Committed)]
+	pub     chan struct{}
+	stop    chan struct{}
+	pubDone sync.WaitGroup
 }
 
 // Open connects to the database at dsn (a postgres:// URL).
@@ -62,9 +72,54 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 		IsUnique:        isUnique,
 		MigrationLock:   "SELECT pg_advisory_lock(7244917)",
 		MigrationUnlock: "SELECT pg_advisory_unlock(7244917)",
-		AfterEnqueue:    "SELECT pg_notify('" + channel + "', '')",
+		Pipeline:        pgx.QueryExecModeSimpleProtocol,
 	}, db, db)
-	return &Store{Store: s, dsn: dsn}, nil
+	st := &Store{Store: s, dsn: dsn, node: rand.Text(), pub: make(chan struct{}, 1), stop: make(chan struct{})}
+	st.pubDone.Add(1)
+	go st.publish()
+	st.Store.OnCommit(st.committed)
+	return st, nil
+}
+
+// OnCommit registers fn for this node's commits; other nodes learn of them
+// through NOTIFY.
+func (s *Store) OnCommit(fn func(store.Committed)) { s.local.Store(&fn) }
+
+func (s *Store) committed(c store.Committed) {
+	if fn := s.local.Load(); fn != nil {
+		(*fn)(c)
+	}
+	select {
+	case s.pub <- struct{}{}:
+	default: // a notification is already pending: it covers this commit
+	}
+}
+
+// publish sends NOTIFY after commits, outside their transactions: a NOTIFY
+// inside a transaction serialises every notifying commit on Postgres's
+// notification lock, and one per commit woke every node for each step.
+// Commits made while a NOTIFY is in flight share the next one.
+func (s *Store) publish() {
+	defer s.pubDone.Done()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-s.pub:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if _, err := s.DB().ExecContext(ctx, "SELECT pg_notify($1, $2)", channel, s.node); err != nil {
+			slog.Warn("postgres notify failed; other nodes wake at their next sweep", "err", err)
+		}
+		cancel()
+	}
+}
+
+// Close stops the publisher and closes the pools.
+func (s *Store) Close() error {
+	close(s.stop)
+	s.pubDone.Wait()
+	return s.Store.Close()
 }
 
 // DefaultMaxConns bounds a server's connections unless the URL sets
@@ -125,8 +180,12 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
 		return err
 	}
 	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
 			return err
+		}
+		if n.Payload == s.node {
+			continue // this node woke itself already
 		}
 		select {
 		case ch <- struct{}{}:

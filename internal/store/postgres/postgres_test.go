@@ -113,7 +113,8 @@ func TestConcurrentMigrate(t *testing.T) {
 	}
 }
 
-// TestWakeups checks that CreateRun with queue items wakes a listener.
+// TestWakeups checks that CreateRun with queue items on one node wakes
+// another node's listener, and tells the committing node's own hook.
 func TestWakeups(t *testing.T) {
 	// A unique application_name identifies our LISTEN connection in
 	// pg_stat_activity.
@@ -158,12 +159,21 @@ func TestWakeups(t *testing.T) {
 	default:
 	}
 
-	wf, err := s.CreateWorkflow(t.Context(), &store.Workflow{Name: "wf", Fingerprint: "f", Definition: json.RawMessage(`{}`), Enabled: true})
+	// The writer is another node on the same database.
+	other := openDSN(t, dsn)
+	local := make(chan store.Committed, 1)
+	other.OnCommit(func(c store.Committed) {
+		select {
+		case local <- c:
+		default:
+		}
+	})
+	wf, err := other.CreateWorkflow(t.Context(), &store.Workflow{Name: "wf", Fingerprint: "f", Definition: json.RawMessage(`{}`), Enabled: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	_, created, err := s.CreateRun(t.Context(), &store.NewRun{
+	_, created, err := other.CreateRun(t.Context(), &store.NewRun{
 		Run: store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`),
 			ExpiresAt: now.Add(time.Hour), StartedAt: now},
 		Queue: []store.QueueItem{{Kind: store.KindHTTP, Step: "a", DueAt: now}},
@@ -179,6 +189,14 @@ func TestWakeups(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("no wake-up within 10s of CreateRun enqueueing an item")
+	}
+	select {
+	case c := <-local:
+		if !c.QueueDue.Equal(now) {
+			t.Errorf("local commit hook: QueueDue = %v, want %v", c.QueueDue, now)
+		}
+	default:
+		t.Error("the committing node's hook was not told of the queued item")
 	}
 }
 

@@ -81,7 +81,9 @@ func stepArgs(s *store.StepRun) []any {
 	}
 	var body any
 	if s.Body != nil {
-		body = s.Body
+		// Plain bytes: a json.RawMessage would be sent as JSON text,
+		// not as bytea, in a pipelined (simple-protocol) write.
+		body = []byte(s.Body)
 	}
 	return []any{s.Status, s.Attempt, nullStr(s.CallbackToken), code, dur, request, body, headers, s.Truncated, s.Blocked, s.Error, tsPtr(s.WakeAt), tsPtr(s.StartedAt), tsPtr(s.FinishedAt)}
 }
@@ -99,17 +101,13 @@ func (s *Store) insertStep(ctx context.Context, tx execer, st *store.StepRun) er
 	return nil
 }
 
-func (s *Store) enqueue(ctx context.Context, tx execer, items []store.QueueItem) error {
+func (s *Store) enqueue(ctx context.Context, tx execer, items []store.QueueItem, n *note) error {
 	for _, it := range items {
 		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO queue (kind, run_id, step, attempt, due_at) VALUES (?, ?, ?, ?, ?)`),
 			it.Kind, it.RunID, it.Step, it.Attempt, ts(it.DueAt)); err != nil {
 			return fmt.Errorf("enqueue %s: %w", it.Kind, err)
 		}
-	}
-	if len(items) > 0 && s.d.AfterEnqueue != "" {
-		if _, err := tx.ExecContext(ctx, s.d.AfterEnqueue); err != nil {
-			return fmt.Errorf("notify: %w", err)
-		}
+		n.queued(it.DueAt)
 	}
 	return nil
 }
@@ -161,7 +159,9 @@ func (s *Store) CreateRun(ctx context.Context, nr *store.NewRun, now time.Time) 
 		headers = []byte("{}")
 	}
 	var existing string
+	var n note
 	err = s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		n = note{}
 		if r.IdempotencyKey != "" {
 			err := tx.QueryRowContext(ctx, s.q(`SELECT id FROM runs WHERE workflow_id = ? AND idempotency_key = ?`), r.WorkflowID, r.IdempotencyKey).Scan(&existing)
 			if err == nil {
@@ -172,10 +172,11 @@ func (s *Store) CreateRun(ctx context.Context, nr *store.NewRun, now time.Time) 
 			}
 		}
 		var seq int64
-		if err := s.appendEvents(ctx, tx, r.ID, &seq, now, nr.Events); err != nil {
+		w := s.newWbuf(tx)
+		if err := s.appendEvents(ctx, w, r.ID, &seq, now, nr.Events); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO runs (id, workflow_id, version, status, input, trigger_headers, idempotency_key, error, event_seq, expires_at, started_at, finished_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+		if _, err := w.ExecContext(ctx, s.q(`INSERT INTO runs (id, workflow_id, version, status, input, trigger_headers, idempotency_key, error, event_seq, expires_at, started_at, finished_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
 			r.ID, r.WorkflowID, r.Version, r.Status, string(r.Input), string(headers), nullStr(r.IdempotencyKey), r.Error, seq, ts(r.ExpiresAt), ts(r.StartedAt), tsPtr(r.FinishedAt), ts(now)); err != nil {
 			if r.IdempotencyKey != "" && s.d.IsUnique(err) {
 				return errExisting // lost a race with the same key
@@ -184,29 +185,33 @@ func (s *Store) CreateRun(ctx context.Context, nr *store.NewRun, now time.Time) 
 		}
 		for _, st := range nr.Steps {
 			st.RunID = r.ID
-			if err := s.insertStep(ctx, tx, st); err != nil {
+			if err := s.insertStep(ctx, w, st); err != nil {
 				return err
 			}
 		}
 		for i := range nr.Queue {
 			nr.Queue[i].RunID = r.ID
 		}
-		if err := s.enqueue(ctx, tx, nr.Queue); err != nil {
+		if err := s.enqueue(ctx, w, nr.Queue, &n); err != nil {
 			return err
 		}
 		for _, t := range nr.Tasks {
 			t.RunID = r.ID
-			if err := s.insertTask(ctx, tx, t, now); err != nil {
+			if err := s.insertTask(ctx, w, t, now, &n); err != nil {
 				return fmt.Errorf("insert task: %w", err)
 			}
 		}
-		if len(nr.Tasks) > 0 && len(nr.Queue) == 0 && s.d.AfterEnqueue != "" {
-			if _, err := tx.ExecContext(ctx, s.d.AfterEnqueue); err != nil {
-				return err
+		if err := w.flush(ctx); err != nil {
+			if r.IdempotencyKey != "" && s.d.IsUnique(err) {
+				return errExisting // lost a race with the same key
 			}
+			return fmt.Errorf("create run: %w", err)
 		}
 		return nil
 	})
+	if err == nil {
+		s.committed(&n)
+	}
 	if errors.Is(err, errExisting) {
 		if existing == "" {
 			if err := s.r.QueryRowContext(ctx, s.q(`SELECT id FROM runs WHERE workflow_id = ? AND idempotency_key = ?`), r.WorkflowID, r.IdempotencyKey).Scan(&existing); err != nil {

@@ -15,32 +15,39 @@ import (
 // which waits rather than skips, so no event is dropped when two steps
 // finish at once) and the single writer on SQLite.
 func (s *Store) InRun(ctx context.Context, runID string, now time.Time, fn func(store.RunTx) error) error {
-	return s.write(ctx, func(ctx context.Context, tx *sql.Tx) error { return s.inRun(ctx, tx, runID, now, fn) })
+	var cs *changeset
+	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		cs = &changeset{}
+		rt, err := s.lockRun(ctx, tx, runID, now, cs)
+		if err != nil {
+			return err
+		}
+		if err := fn(rt); err != nil {
+			return err
+		}
+		return s.flush(ctx, tx, cs)
+	})
+	if err == nil {
+		s.committed(&cs.note)
+	}
+	return err
 }
 
-func (s *Store) inRun(ctx context.Context, tx *sql.Tx, runID string, now time.Time, fn func(store.RunTx) error) error {
+// lockRun locks a run and reads it with its steps.
+func (s *Store) lockRun(ctx context.Context, tx *sql.Tx, runID string, now time.Time, cs *changeset) (*runTx, error) {
 	var seq int64
 	run, err := scanRun(rowTail{tx.QueryRowContext(ctx, s.q(`SELECT `+runCols+`, r.event_seq FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE r.id = ?`+lockOf(s.d.LockRun)), runID), &seq})
 	if errors.Is(err, sql.ErrNoRows) {
-		return fmt.Errorf("run %q: %w", runID, store.ErrNotFound)
+		return nil, fmt.Errorf("run %q: %w", runID, store.ErrNotFound)
 	}
 	if err != nil {
-		return fmt.Errorf("lock run: %w", err)
+		return nil, fmt.Errorf("lock run: %w", err)
 	}
 	steps, err := s.loadSteps(ctx, tx, runID)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	rt := &runTx{s: s, ctx: ctx, tx: tx, run: run, steps: steps, now: now, seq: seq, startSeq: seq}
-	if err := fn(rt); err != nil {
-		return err
-	}
-	if rt.seq != rt.startSeq {
-		if _, err := tx.ExecContext(ctx, s.q(`UPDATE runs SET event_seq = ? WHERE id = ?`), rt.seq, runID); err != nil {
-			return err
-		}
-	}
-	return nil
+	return &runTx{s: s, ctx: ctx, tx: tx, cs: cs, run: run, steps: steps, now: now, seq: seq, updatedAt: run.UpdatedAt}, nil
 }
 
 // lockOf qualifies the row lock to the runs table: FOR UPDATE on a join
@@ -52,15 +59,46 @@ func lockOf(l string) string {
 	return l + " OF r"
 }
 
+// runTx reads from memory (the run and its steps, read under the lock) and
+// records writes in a changeset, written when the work is done.
 type runTx struct {
-	s        *Store
-	ctx      context.Context
-	tx       *sql.Tx
-	run      *store.Run
-	steps    []*store.StepRun
-	now      time.Time
-	seq      int64
-	startSeq int64
+	s         *Store
+	ctx       context.Context
+	tx        *sql.Tx
+	cs        *changeset
+	run       *store.Run
+	steps     []*store.StepRun
+	now       time.Time
+	seq       int64
+	updatedAt time.Time
+}
+
+// runSnap is a run's in-memory state before one request of a batch, to
+// restore if the request fails: later requests of the run, and the writes
+// of earlier ones, must not see a failed request's changes.
+type runSnap struct {
+	runPtr    *store.Run
+	run       store.Run
+	steps     []store.StepRun
+	seq       int64
+	updatedAt time.Time
+}
+
+func (t *runTx) snapshot() runSnap {
+	sn := runSnap{runPtr: t.run, run: *t.run, steps: make([]store.StepRun, len(t.steps)), seq: t.seq, updatedAt: t.updatedAt}
+	for i, s := range t.steps {
+		sn.steps[i] = *s
+	}
+	return sn
+}
+
+func (t *runTx) restore(sn runSnap) {
+	t.run = sn.runPtr
+	*t.run = sn.run
+	for i, s := range t.steps {
+		*s = sn.steps[i]
+	}
+	t.seq, t.updatedAt = sn.seq, sn.updatedAt
 }
 
 func (t *runTx) Run() *store.Run         { return t.run }
@@ -75,34 +113,32 @@ func (t *runTx) Step(name string) *store.StepRun {
 }
 
 func (t *runTx) UpdateRun(r *store.Run) error {
-	_, err := t.tx.ExecContext(t.ctx, t.s.q(`UPDATE runs SET status = ?, error = ?, finished_at = ?, updated_at = ? WHERE id = ?`),
-		r.Status, r.Error, tsPtr(r.FinishedAt), ts(t.now), r.ID)
-	if err != nil {
-		return fmt.Errorf("update run: %w", err)
-	}
-	t.run = r
+	t.run, t.updatedAt = r, t.now
+	t.cs.run(t)
 	return nil
 }
 
 func (t *runTx) UpdateStep(st *store.StepRun) error {
-	args := append(stepArgs(st), st.RunID, st.Name)
-	res, err := t.tx.ExecContext(t.ctx, t.s.q(`UPDATE step_runs SET status = ?, attempt = ?, callback_token = ?, status_code = ?, duration_ms = ?, request = ?, body = ?, headers = ?, is_truncated = ?, blocked = ?, error = ?, wake_at = ?, started_at = ?, finished_at = ? WHERE run_id = ? AND name = ?`), args...)
-	if err != nil {
-		return fmt.Errorf("update step %s: %w", st.Name, err)
-	}
-	if n, _ := res.RowsAffected(); n != 1 {
+	if t.Step(st.Name) == nil {
+		// Steps were read under the run's lock: one not among them does
+		// not exist.
 		return fmt.Errorf("update step %s: %w", st.Name, store.ErrNotFound)
 	}
+	st.RunID = t.run.ID
+	t.cs.step(st)
 	return nil
 }
 
 func (t *runTx) Enqueue(items ...store.QueueItem) error {
-	for i := range items {
-		items[i].RunID = t.run.ID
+	for _, it := range items {
+		it.RunID = t.run.ID
+		t.cs.queue = append(t.cs.queue, it)
+		t.cs.note.queued(it.DueAt)
 	}
-	return t.s.enqueue(t.ctx, t.tx, items)
+	return nil
 }
 
+// Dequeue runs at once: its row count is the lease check.
 func (t *runTx) Dequeue(id int64, leaseToken string) error {
 	res, err := t.tx.ExecContext(t.ctx, t.s.q(`DELETE FROM queue WHERE id = ? AND lease_token = ?`), id, leaseToken)
 	if err != nil {
@@ -115,12 +151,16 @@ func (t *runTx) Dequeue(id int64, leaseToken string) error {
 }
 
 func (t *runTx) DropQueue() error {
-	_, err := t.tx.ExecContext(t.ctx, t.s.q(`DELETE FROM queue WHERE run_id = ?`), t.run.ID)
-	return err
+	t.cs.dropQueue = append(t.cs.dropQueue, t.run.ID)
+	return nil
 }
 
 func (t *runTx) Append(events ...store.NewEvent) error {
-	return t.s.appendEvents(t.ctx, t.tx, t.run.ID, &t.seq, t.now, events)
+	if len(events) == 0 {
+		return nil
+	}
+	t.cs.run(t)
+	return t.cs.addEvents(t.run.ID, &t.seq, t.now, events)
 }
 
 // ---- queue ----

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -30,9 +31,10 @@ type Dialect struct {
 	IsUnique func(error) bool
 	// MigrationLock/Unlock serialise concurrent migrators (Postgres).
 	MigrationLock, MigrationUnlock string
-	// AfterEnqueue, when set, runs in the enqueueing transaction so other
-	// nodes wake up at commit (Postgres NOTIFY).
-	AfterEnqueue string
+	// Pipeline, when set, makes a transaction's writes go out together at
+	// its end, as one multi-statement Exec whose first argument is this
+	// value (pgx.QueryExecModeSimpleProtocol). See wbuf.
+	Pipeline any
 }
 
 // Store implements store.Store over database/sql.
@@ -43,6 +45,29 @@ type Store struct {
 
 	closers []func() error
 	group   *groupCommit // SQLite: one writer applying requests in groups
+	hook    atomic.Pointer[func(store.Committed)]
+}
+
+// OnCommit registers fn to learn what each committed write made ready.
+func (s *Store) OnCommit(fn func(store.Committed)) { s.hook.Store(&fn) }
+
+// note collects, inside a write, what its commit will make ready.
+type note struct{ c store.Committed }
+
+func (n *note) queued(due time.Time) {
+	if n.c.QueueDue.IsZero() || due.Before(n.c.QueueDue) {
+		n.c.QueueDue = due
+	}
+}
+
+// committed tells the hook about a write that has committed.
+func (s *Store) committed(n *note) {
+	if n.c.QueueDue.IsZero() && !n.c.Tasks {
+		return
+	}
+	if fn := s.hook.Load(); fn != nil {
+		(*fn)(n.c)
+	}
 }
 
 // New builds a Store from a writer and a reader pool (they may be the same).

@@ -43,7 +43,18 @@ func nullJSON(b json.RawMessage) any {
 	return string(b)
 }
 
-func (s *Store) insertTask(ctx context.Context, tx execer, t *store.Task, now time.Time) error {
+func (s *Store) insertTask(ctx context.Context, tx execer, t *store.Task, now time.Time, n *note) error {
+	prepareTask(t, now, n)
+	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO tasks (`+taskCols+`, event_seq) VALUES (`+placeholders(23)+`)`), taskInsertArgs(t)...); err != nil {
+		return err
+	}
+	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO events (run_id, seq, type, step, data, at) VALUES (?, 1, 'created', '', ?, ?)`),
+		t.ID, createdData(t), ts(now))
+	return err
+}
+
+// prepareTask fills a new task's id, times and status.
+func prepareTask(t *store.Task, now time.Time, n *note) {
 	if t.ID == "" {
 		t.ID = newID()
 	}
@@ -51,16 +62,17 @@ func (s *Store) insertTask(ctx context.Context, tx execer, t *store.Task, now ti
 	if t.Status == "" {
 		t.Status = status.TaskPending
 	}
-	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO tasks (`+taskCols+`, event_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)`),
-		t.ID, t.Type, string(t.Payload), t.Status, t.Priority, ts(t.RunAt), nullStr(t.IdempotencyKey), t.Attempt, t.MaxAttempts, t.RetryDelay.Milliseconds(),
-		t.LeasedBy, nullStr(t.LeaseToken), tsPtr(t.LeaseUntil), t.Reclaimed, t.CancelRequested, t.LastError, nullJSON(t.Result), nullStr(t.RunID), t.Step,
-		ts(now), ts(now), tsPtr(t.FinishedAt))
-	if err != nil {
-		return err
+	if t.Status == status.TaskPending {
+		n.c.Tasks = true
 	}
-	_, err = tx.ExecContext(ctx, s.q(`INSERT INTO events (run_id, seq, type, step, data, at) VALUES (?, 1, 'created', '', ?, ?)`),
-		t.ID, createdData(t), ts(now))
-	return err
+}
+
+// taskInsertArgs are a new task's taskCols and event_seq (1: its created
+// event).
+func taskInsertArgs(t *store.Task) []any {
+	return []any{t.ID, t.Type, string(t.Payload), t.Status, t.Priority, ts(t.RunAt), nullStr(t.IdempotencyKey), t.Attempt, t.MaxAttempts, t.RetryDelay.Milliseconds(),
+		t.LeasedBy, nullStr(t.LeaseToken), tsPtr(t.LeaseUntil), t.Reclaimed, t.CancelRequested, t.LastError, nullJSON(t.Result), nullStr(t.RunID), t.Step,
+		ts(t.CreatedAt), ts(t.UpdatedAt), tsPtr(t.FinishedAt), 1}
 }
 
 func createdData(t *store.Task) string {
@@ -83,20 +95,25 @@ func (s *Store) CreateTask(ctx context.Context, t *store.Task, now time.Time) (*
 			return existing, false, nil
 		}
 	}
+	var n note
 	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		if err := s.insertTask(ctx, tx, t, now); err != nil {
+		n = note{}
+		w := s.newWbuf(tx)
+		err := s.insertTask(ctx, w, t, now, &n)
+		if err == nil {
+			err = w.flush(ctx)
+		}
+		if err != nil {
 			if t.IdempotencyKey != "" && s.d.IsUnique(err) {
 				return errExisting
 			}
 			return fmt.Errorf("insert task: %w", err)
 		}
-		if s.d.AfterEnqueue != "" {
-			if _, err := tx.ExecContext(ctx, s.d.AfterEnqueue); err != nil {
-				return err
-			}
-		}
 		return nil
 	})
+	if err == nil {
+		s.committed(&n)
+	}
 	if errors.Is(err, errExisting) {
 		existing, err := s.taskByKey(ctx, t.IdempotencyKey)
 		return existing, false, err
@@ -259,45 +276,206 @@ func (s *Store) NextTaskDue(ctx context.Context, patterns []string, now time.Tim
 
 // InTask locks the task's run (if any) and then the task.
 func (s *Store) InTask(ctx context.Context, id string, now time.Time, fn func(store.TaskTx) error) error {
-	var runID sql.NullString
-	err := s.r.QueryRowContext(ctx, s.q(`SELECT run_id FROM tasks WHERE id = ?`), id).Scan(&runID)
-	if errors.Is(err, sql.ErrNoRows) {
-		return fmt.Errorf("task %q: %w", id, store.ErrNotFound)
-	}
+	errs, err := s.InTasks(ctx, []string{id}, now, func(_ int, tx store.TaskTx) error { return fn(tx) })
 	if err != nil {
 		return err
 	}
-	if runID.Valid {
-		return s.InRun(ctx, runID.String, now, func(rt store.RunTx) error {
-			r := rt.(*runTx)
-			return s.withTask(r.ctx, r.tx, id, now, r, fn)
-		})
-	}
-	return s.write(ctx, func(ctx context.Context, tx *sql.Tx) error { return s.withTask(ctx, tx, id, now, nil, fn) })
+	return errs[0]
 }
 
-func (s *Store) withTask(ctx context.Context, tx *sql.Tx, id string, now time.Time, run *runTx, fn func(store.TaskTx) error) error {
-	var seq int64
-	t, err := scanTask(rowTail{tx.QueryRowContext(ctx, s.q(`SELECT `+taskCols+`, event_seq FROM tasks WHERE id = ?`+s.d.LockRun), id), &seq})
-	if errors.Is(err, sql.ErrNoRows) {
-		return fmt.Errorf("task %q: %w", id, store.ErrNotFound)
-	}
+// InTasks runs fn for many tasks in one transaction: the runs are locked in
+// id order, then the tasks in id order (the order every transaction takes,
+// so batches never deadlock each other), all read in a few statements, and
+// every successful fn's writes go out together. fn's error for a task is
+// returned in errs and drops only that task's writes (the run's in-memory
+// state is restored, so later tasks of the same run see what committed
+// before). Tasks of one run are applied in ids order, each seeing the
+// earlier ones' changes; a task id repeated in ids gets store.ErrRetry: run
+// it again in a later call. err is for the transaction as a whole.
+func (s *Store) InTasks(ctx context.Context, ids []string, now time.Time, fn func(i int, tx store.TaskTx) error) (errs []error, err error) {
+	errs = make([]error, len(ids))
+	runOf, err := s.taskRuns(ctx, ids)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	tt := &taskTx{s: s, ctx: ctx, tx: tx, task: t, now: now, seq: seq, startSeq: seq}
-	if run != nil {
-		tt.run = run
-	}
-	if err := fn(tt); err != nil {
-		return err
-	}
-	if tt.seq != tt.startSeq {
-		if _, err := tx.ExecContext(ctx, s.q(`UPDATE tasks SET event_seq = ? WHERE id = ?`), tt.seq, id); err != nil {
-			return err
+	var runIDs []string
+	seenRun, seenTask := map[string]bool{}, map[string]bool{}
+	var todo []int
+	for i, id := range ids {
+		runID, ok := runOf[id]
+		switch {
+		case !ok:
+			errs[i] = fmt.Errorf("task %q: %w", id, store.ErrNotFound)
+		case seenTask[id]:
+			errs[i] = store.ErrRetry
+		default:
+			seenTask[id] = true
+			if runID != "" && !seenRun[runID] {
+				seenRun[runID] = true
+				runIDs = append(runIDs, runID)
+			}
+			todo = append(todo, i)
 		}
 	}
-	return nil
+	if len(todo) == 0 {
+		return errs, nil
+	}
+	var cs *changeset
+	err = s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		cs = &changeset{}
+		runs, err := s.lockRuns(ctx, tx, runIDs, now)
+		if err != nil {
+			return err
+		}
+		taskIDs := make([]string, len(todo))
+		for j, i := range todo {
+			taskIDs[j] = ids[i]
+		}
+		tasks, err := s.lockTasks(ctx, tx, taskIDs)
+		if err != nil {
+			return err
+		}
+		for _, i := range todo {
+			t, ok := tasks[ids[i]]
+			if !ok {
+				errs[i] = fmt.Errorf("task %q: %w", ids[i], store.ErrNotFound)
+				continue
+			}
+			sub := &changeset{}
+			tt := &taskTx{s: s, ctx: ctx, cs: sub, task: t.task, now: now, seq: t.seq}
+			rt := runs[runOf[ids[i]]]
+			var snap runSnap
+			if rt != nil {
+				snap = rt.snapshot()
+				rt.cs = sub
+				tt.run = rt
+			}
+			if err := fn(i, tt); err != nil {
+				errs[i] = err
+				if rt != nil {
+					rt.restore(snap)
+				}
+				continue
+			}
+			cs.merge(sub)
+		}
+		return s.flush(ctx, tx, cs)
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.committed(&cs.note)
+	return errs, nil
+}
+
+// taskRuns maps task ids to their run ids ("" for standalone tasks); a
+// task's run never changes, so this is read outside the transaction.
+func (s *Store) taskRuns(ctx context.Context, ids []string) (map[string]string, error) {
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id
+	}
+	rows, err := s.r.QueryContext(ctx, s.q(`SELECT id, run_id FROM tasks WHERE id IN (`+placeholders(len(ids))+`)`), args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make(map[string]string, len(ids))
+	for rows.Next() {
+		var id string
+		var runID sql.NullString
+		if err := rows.Scan(&id, &runID); err != nil {
+			return nil, err
+		}
+		out[id] = runID.String
+	}
+	return out, rows.Err()
+}
+
+// lockRuns locks runs in id order and reads them with their steps.
+func (s *Store) lockRuns(ctx context.Context, tx *sql.Tx, ids []string, now time.Time) (map[string]*runTx, error) {
+	out := make(map[string]*runTx, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	if len(ids) == 1 {
+		rt, err := s.lockRun(ctx, tx, ids[0], now, nil)
+		if errors.Is(err, store.ErrNotFound) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		out[ids[0]] = rt
+		return out, nil
+	}
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id
+	}
+	in := placeholders(len(ids))
+	rows, err := tx.QueryContext(ctx, s.q(`SELECT `+runCols+`, r.event_seq FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE r.id IN (`+in+`) ORDER BY r.id`+lockOf(s.d.LockRun)), args...)
+	if err != nil {
+		return nil, fmt.Errorf("lock runs: %w", err)
+	}
+	for rows.Next() {
+		var seq int64
+		run, err := scanRun(scanTail{rows, &seq})
+		if err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out[run.ID] = &runTx{s: s, ctx: ctx, tx: tx, run: run, now: now, seq: seq, updatedAt: run.UpdatedAt}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	rows, err = tx.QueryContext(ctx, s.q(`SELECT `+stepCols+` FROM step_runs WHERE run_id IN (`+in+`) ORDER BY run_id, position`), args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		st, err := scanStep(rows)
+		if err != nil {
+			return nil, err
+		}
+		if rt := out[st.RunID]; rt != nil {
+			rt.steps = append(rt.steps, st)
+		}
+	}
+	return out, rows.Err()
+}
+
+type lockedTask struct {
+	task *store.Task
+	seq  int64
+}
+
+// lockTasks locks tasks in id order and reads them.
+func (s *Store) lockTasks(ctx context.Context, tx *sql.Tx, ids []string) (map[string]lockedTask, error) {
+	sorted := append([]string(nil), ids...)
+	sort.Strings(sorted)
+	args := make([]any, len(sorted))
+	for i, id := range sorted {
+		args[i] = id
+	}
+	rows, err := tx.QueryContext(ctx, s.q(`SELECT `+taskCols+`, event_seq FROM tasks WHERE id IN (`+placeholders(len(ids))+`) ORDER BY id`+s.d.LockRun), args...)
+	if err != nil {
+		return nil, fmt.Errorf("lock tasks: %w", err)
+	}
+	defer rows.Close()
+	out := make(map[string]lockedTask, len(ids))
+	for rows.Next() {
+		var seq int64
+		t, err := scanTask(scanTail{rows, &seq})
+		if err != nil {
+			return nil, err
+		}
+		out[t.ID] = lockedTask{task: t, seq: seq}
+	}
+	return out, rows.Err()
 }
 
 type rowTail struct {
@@ -307,15 +485,15 @@ type rowTail struct {
 
 func (r rowTail) Scan(dest ...any) error { return r.row.Scan(append(dest, r.extra)...) }
 
+// taskTx reads the task from memory and records writes in the changeset.
 type taskTx struct {
-	s        *Store
-	ctx      context.Context
-	tx       *sql.Tx
-	task     *store.Task
-	run      *runTx
-	now      time.Time
-	seq      int64
-	startSeq int64
+	s    *Store
+	ctx  context.Context
+	cs   *changeset
+	task *store.Task
+	run  *runTx
+	now  time.Time
+	seq  int64
 }
 
 func (t *taskTx) Task() *store.Task { return t.task }
@@ -330,64 +508,36 @@ func (t *taskTx) Run() store.RunTx {
 }
 
 func (t *taskTx) UpdateTask(k *store.Task) error {
-	_, err := t.tx.ExecContext(t.ctx, t.s.q(`UPDATE tasks SET status = ?, run_at = ?, attempt = ?, leased_by = ?, lease_token = ?, lease_until = ?, reclaimed = ?, cancel_requested = ?, last_error = ?, result = ?, updated_at = ?, finished_at = ? WHERE id = ?`),
-		k.Status, ts(k.RunAt), k.Attempt, k.LeasedBy, nullStr(k.LeaseToken), tsPtr(k.LeaseUntil), k.Reclaimed, k.CancelRequested, k.LastError, nullJSON(k.Result), ts(t.now), tsPtr(k.FinishedAt), k.ID)
-	if err != nil {
-		return fmt.Errorf("update task: %w", err)
-	}
 	k.UpdatedAt = t.now
 	t.task = k
+	t.cs.task(t)
+	if k.Status == status.TaskPending {
+		t.cs.note.c.Tasks = true // retried or released: claimable again
+	}
 	return nil
 }
 
 func (t *taskTx) AppendTask(events ...store.NewEvent) error {
-	return t.s.appendEvents(t.ctx, t.tx, t.task.ID, &t.seq, t.now, events)
+	if len(events) == 0 {
+		return nil
+	}
+	t.cs.task(t)
+	return t.cs.addEvents(t.task.ID, &t.seq, t.now, events)
 }
 
-// CreateTask inserts a step's task inside the run's transaction.
+// CreateTask adds a step's task to the run's transaction.
 func (t *runTx) CreateTask(k *store.Task) error {
 	k.RunID = t.run.ID
-	if err := t.s.insertTask(t.ctx, t.tx, k, t.now); err != nil {
-		return fmt.Errorf("insert task: %w", err)
-	}
-	if t.s.d.AfterEnqueue != "" {
-		if _, err := t.tx.ExecContext(t.ctx, t.s.d.AfterEnqueue); err != nil {
-			return err
-		}
-	}
+	prepareTask(k, t.now, &t.cs.note)
+	t.cs.newTasks = append(t.cs.newTasks, k)
+	t.cs.events = append(t.cs.events, eventRow{owner: k.ID, seq: 1, typ: "created", data: createdData(k), at: ts(t.now)})
 	return nil
 }
 
-// CancelTasks cancels the run's unfinished tasks.
+// CancelTasks cancels the run's unfinished tasks when the changeset is
+// written.
 func (t *runTx) CancelTasks() error {
-	rows, err := t.tx.QueryContext(t.ctx, t.s.q(`UPDATE tasks SET status = 'cancelled', cancel_requested = TRUE, finished_at = ?, updated_at = ?, event_seq = event_seq + 1
-		WHERE run_id = ? AND status IN ('pending', 'leased') RETURNING id, event_seq`), ts(t.now), ts(t.now), t.run.ID)
-	if err != nil {
-		return fmt.Errorf("cancel tasks: %w", err)
-	}
-	type ev struct {
-		id  string
-		seq int64
-	}
-	var evs []ev
-	for rows.Next() {
-		var e ev
-		if err := rows.Scan(&e.id, &e.seq); err != nil {
-			rows.Close()
-			return err
-		}
-		evs = append(evs, e)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	for _, e := range evs {
-		if _, err := t.tx.ExecContext(t.ctx, t.s.q(`INSERT INTO events (run_id, seq, type, step, data, at) VALUES (?, ?, 'cancelled', '', ?, ?)`),
-			e.id, e.seq, mustJSON(map[string]any{"reason": "run cancelled"}), ts(t.now)); err != nil {
-			return err
-		}
-	}
+	t.cs.cancel = append(t.cs.cancel, t)
 	return nil
 }
 
@@ -402,9 +552,9 @@ func (s *Store) PutTaskType(ctx context.Context, tt *store.TaskType) (*store.Tas
 	if err != nil {
 		return nil, fmt.Errorf("put task type: %w", err)
 	}
-	if tt.Enabled && s.d.AfterEnqueue != "" {
+	if tt.Enabled {
 		// Waiting tasks of a re-enabled type are claimable now.
-		_, _ = s.w.ExecContext(ctx, s.d.AfterEnqueue)
+		s.committed(&note{c: store.Committed{Tasks: true}})
 	}
 	return s.GetTaskType(ctx, tt.Type)
 }

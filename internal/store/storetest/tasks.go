@@ -32,6 +32,7 @@ var taskTests = []test{
 	{"InTaskStandalone", testInTaskStandalone},
 	{"InTaskOfRun", testInTaskOfRun},
 	{"InTaskErrorRollsBack", testInTaskRollback},
+	{"InTasksBatch", testInTasksBatch},
 	{"UpdateTaskRoundTrip", testUpdateTaskRoundTrip},
 	{"AppendTaskContinuesSeq", testAppendTaskSeq},
 	{"CancelTasksOnlyThatRun", testCancelTasks},
@@ -781,6 +782,101 @@ func testInTaskRollback(t *testing.T, s store.Store) {
 		return tx.AppendTask(store.NewEvent{Type: "note"})
 	}), "InTask")
 	diff(t, "events after the next append", []int64{1, 2}, seqs(events(t, s, k.ID)))
+}
+
+// testInTasksBatch: one transaction for many tasks; a failing task drops
+// only its own writes, tasks of one run see each other's changes in order,
+// a repeated id is deferred and an unknown one is not found.
+func testInTasksBatch(t *testing.T, s store.Store) {
+	wf := mkWorkflow(t, s, "wf")
+	r1 := mkRun(t, s, &store.NewRun{
+		Run: baseRun(wf, ""),
+		Steps: []*store.StepRun{
+			{Name: "a", Position: 0, Type: "task", Status: status.StepRunning},
+			{Name: "b", Position: 1, Type: "task", Status: status.StepRunning},
+			{Name: "c", Position: 2, Type: "task", Status: status.StepRunning},
+		},
+		Tasks: []*store.Task{
+			{Type: "batch.x.v1", Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: t0, Step: "a"},
+			{Type: "batch.x.v1", Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: t0, Step: "b"},
+			{Type: "batch.x.v1", Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: t0, Step: "c"},
+		},
+	})
+	solo := mkTask(t, s, newTask("batch.solo.v1", t0), t0)
+	bystep := map[string]*store.Task{}
+	for _, k := range claimTasks(t, s, []string{"batch.x.v1"}, "w", t0, time.Minute, 10) {
+		bystep[k.Step] = k
+	}
+	if len(bystep) != 3 {
+		t.Fatalf("claimed %d of the run's tasks, want 3", len(bystep))
+	}
+	boom := errors.New("boom")
+	now := at(time.Second)
+	ids := []string{bystep["a"].ID, solo.ID, bystep["b"].ID, bystep["c"].ID, solo.ID, "no-such-task"}
+	var seen []string
+	errs, err := s.InTasks(t.Context(), ids, now, func(i int, tx store.TaskTx) error {
+		k := *tx.Task()
+		if k.RunID == "" { // the standalone task
+			k.LastError = "batched"
+			if err := tx.UpdateTask(&k); err != nil {
+				return err
+			}
+			return tx.AppendTask(store.NewEvent{Type: "note"})
+		}
+		rt := tx.Run()
+		var done []string
+		for _, st := range rt.Steps() {
+			if st.Status == status.StepSuccess {
+				done = append(done, st.Name)
+			}
+		}
+		seen = append(seen, fmt.Sprintf("%s:%v", k.Step, done))
+		st := rt.Step(k.Step)
+		st.Status = status.StepSuccess
+		if err := rt.UpdateStep(st); err != nil {
+			return err
+		}
+		if err := rt.Append(store.NewEvent{Type: "step_succeeded", Step: k.Step}); err != nil {
+			return err
+		}
+		k.Status = status.TaskSucceeded
+		if err := tx.UpdateTask(&k); err != nil {
+			return err
+		}
+		if k.Step == "b" {
+			return boom // after changing the step: those changes must go
+		}
+		return nil
+	})
+	must(t, err, "InTasks")
+	if len(errs) != len(ids) {
+		t.Fatalf("InTasks returned %d errors for %d ids", len(errs), len(ids))
+	}
+	for i, want := range []error{nil, nil, boom, nil, store.ErrRetry, store.ErrNotFound} {
+		if (want == nil) != (errs[i] == nil) || (want != nil && !errors.Is(errs[i], want)) {
+			t.Errorf("errs[%d] (%s) = %v, want %v", i, ids[i], errs[i], want)
+		}
+	}
+	// c saw a's success but not b's, which failed.
+	diff(t, "what each task of the run saw", []string{"a:[]", "b:[a]", "c:[a]"}, seen)
+	_, steps := getRun(t, s, r1.ID)
+	for name, want := range map[string]string{"a": status.StepSuccess, "b": status.StepRunning, "c": status.StepSuccess} {
+		if st := stepNamed(t, steps, name); st.Status != want {
+			t.Errorf("step %s = %s, want %s", name, st.Status, want)
+		}
+	}
+	evs := events(t, s, r1.ID)
+	diff(t, "run events", []string{"step_succeeded", "step_succeeded"}, eventTypes(evs))
+	diff(t, "run event seqs", []int64{1, 2}, seqs(evs))
+	for step, want := range map[string]string{"a": status.TaskSucceeded, "b": status.TaskLeased, "c": status.TaskSucceeded} {
+		if got := getTask(t, s, bystep[step].ID); got.Status != want {
+			t.Errorf("task of step %s = %s, want %s", step, got.Status, want)
+		}
+	}
+	if got := getTask(t, s, solo.ID); got.LastError != "batched" {
+		t.Errorf("standalone task LastError = %q, want batched", got.LastError)
+	}
+	diff(t, "standalone task events", []string{"created", "note"}, eventTypes(events(t, s, solo.ID)))
 }
 
 func testUpdateTaskRoundTrip(t *testing.T, s store.Store) {

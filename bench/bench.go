@@ -215,7 +215,7 @@ func start(ctx context.Context, o Options, handler worker.HandlerFunc) (*env, er
 	w := worker.New(eng, worker.Config{Types: []string{"bench.%"}, Concurrency: o.Workers, Lease: 30 * time.Second, PollWait: time.Second, WorkerID: "bench", Logger: log})
 	w.Handle("bench.noop.v1", handler)
 	e := &env{eng: eng, st: eng.Store(), backend: backend, settings: map[string]any{
-		"workers": o.Workers, "engine_concurrency": o.Concurrency, "lease": "30s", "poll_wait": "1s",
+		"workers": o.Workers, "engine_concurrency": o.Concurrency, "lease": "30s", "poll_wait": "1s", "trigger_clients": triggerClients,
 	}}
 	if backend == "sqlite" {
 		e.settings["sqlite_synchronous"] = "full"
@@ -311,12 +311,13 @@ func round(v float64) float64 { return float64(int64(v*100+0.5)) / 100 }
 
 func msBetween(a, b time.Time) float64 { return float64(b.Sub(a).Microseconds()) / 1000 }
 
-// triggerAll starts n runs from 8 goroutines and returns when all are in.
+// triggerAll starts n runs from triggerClients goroutines (concurrent
+// triggers are written in shared transactions) and returns when all are in.
 func (e *env) triggerAll(ctx context.Context, workflow string, n int) error {
 	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	per := (n + 7) / 8
-	for g := 0; g < 8; g++ {
+	errs := make(chan error, triggerClients)
+	per := (n + triggerClients - 1) / triggerClients
+	for g := 0; g < triggerClients; g++ {
 		lo, hi := g*per, min((g+1)*per, n)
 		if lo >= hi {
 			break
@@ -336,3 +337,6 @@ func (e *env) triggerAll(ctx context.Context, workflow string, n int) error {
 	close(errs)
 	return <-errs
 }
+
+// triggerClients is how many goroutines trigger runs at once.
+const triggerClients = 64

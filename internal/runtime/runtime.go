@@ -75,11 +75,11 @@ type Runtime struct {
 	taskMu  sync.Mutex
 	taskSig chan struct{} // closed and replaced when tasks may have become claimable
 
-	reports    chan *reportReq
-	reportOnce sync.Once
-	reportWG   sync.WaitGroup
-	closeOnce  sync.Once
-	closed     chan struct{}
+	reports   *batcher[*reportReq]
+	triggers  *batcher[*triggerReq]
+	batchWG   sync.WaitGroup
+	closeOnce sync.Once
+	closed    chan struct{}
 }
 
 // New builds a runtime; call Run to start dispatching.
@@ -111,9 +111,10 @@ func New(cfg Config) *Runtime {
 		inflt:    map[string]map[int64]context.CancelFunc{},
 		taskSig:  make(chan struct{}),
 		draining: make(chan struct{}),
-		reports:  make(chan *reportReq, 4*maxReportBatch),
 		closed:   make(chan struct{}),
 	}
+	r.reports = newBatcher(r.closed, &r.batchWG, r.applyReports)
+	r.triggers = newBatcher(r.closed, &r.batchWG, r.applyTriggers)
 	r.planned.Store(math.MaxInt64)
 	cfg.Store.OnCommit(r.committed)
 	return r
@@ -218,14 +219,52 @@ func (r *Runtime) Trigger(ctx context.Context, req TriggerRequest) (*store.Run, 
 	if ch.finished {
 		nr.Queue = nil
 	}
-	got, created, err := r.st.CreateRun(ctx, nr, now)
-	if err != nil {
+	q := &triggerReq{ctx: ctx, nr: nr, done: make(chan struct{})}
+	if err := r.triggers.do(q, q.done); err != nil {
 		return nil, false, err
 	}
-	if created {
-		r.log.Info("run started", "run_id", got.ID, "workflow", wf.Name, "version", wf.Version)
+	if q.err != nil {
+		return nil, false, q.err
 	}
-	return got, created, nil
+	if q.created {
+		r.log.Info("run started", "run_id", q.run.ID, "workflow", wf.Name, "version", wf.Version)
+	}
+	return q.run, q.created, nil
+}
+
+type triggerReq struct {
+	ctx     context.Context
+	nr      *store.NewRun
+	run     *store.Run
+	created bool
+	err     error
+	done    chan struct{}
+}
+
+func (q *triggerReq) context() context.Context { return q.ctx }
+func (q *triggerReq) finish()                  { close(q.done) }
+
+// applyTriggers writes a batch of new runs in one transaction.
+func (r *Runtime) applyTriggers(batch []*triggerReq) []*triggerReq {
+	nrs := make([]*store.NewRun, len(batch))
+	for i, q := range batch {
+		nrs[i] = q.nr
+	}
+	res, err := r.st.CreateRuns(context.Background(), nrs, r.clk.Now())
+	var retry []*triggerReq
+	for i, q := range batch {
+		switch {
+		case err != nil:
+			q.err = err
+		case errors.Is(res[i].Err, store.ErrRetry):
+			retry = append(retry, q) // the same key as an earlier one: it finds that run
+			continue
+		default:
+			q.run, q.created, q.err = res[i].Run, res[i].Created, res[i].Err
+		}
+		q.finish()
+	}
+	return retry
 }
 
 // changes collects what one decision round writes.

@@ -111,6 +111,14 @@ type Page struct {
 	Limit  int
 }
 
+// CreateResult is one run of CreateRuns: the run as stored, and whether
+// this call created it (false: its idempotency key named an existing run).
+type CreateResult struct {
+	Run     *Run
+	Created bool
+	Err     error
+}
+
 // NewRun is everything a trigger writes in one transaction.
 type NewRun struct {
 	Run    Run
@@ -195,6 +203,9 @@ type Store interface {
 	// With an idempotency key already used for the workflow it writes
 	// nothing and returns the first run with created=false.
 	CreateRun(ctx context.Context, nr *NewRun, now time.Time) (run *Run, created bool, err error)
+	// CreateRuns writes many runs in one transaction; a result's Err is
+	// ErrRetry for an idempotency key repeated within the call.
+	CreateRuns(ctx context.Context, nrs []*NewRun, now time.Time) ([]CreateResult, error)
 	GetRun(ctx context.Context, id string) (*Run, []*StepRun, error)
 	ListRuns(ctx context.Context, workflowID string, p Page) ([]*Run, string, error)
 	ListEvents(ctx context.Context, runID string, afterSeq int64, limit int) ([]*Event, error)

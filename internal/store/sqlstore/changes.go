@@ -21,6 +21,8 @@ import (
 //
 // A changeset that is dropped (its request failed) has written nothing.
 type changeset struct {
+	newRuns   [][]any // rows of runs to insert
+	newSteps  []*store.StepRun
 	runs      []*runTx // runs whose row changed (status or event sequence)
 	steps     []*store.StepRun
 	tasks     []*taskTx // tasks whose row changed
@@ -66,6 +68,44 @@ func (c *changeset) merge(o *changeset) {
 		c.note.queued(o.note.c.QueueDue)
 	}
 	c.note.c.Tasks = c.note.c.Tasks || o.note.c.Tasks
+}
+
+// newRun adds a run with its steps, queue items, tasks and events.
+func (c *changeset) newRun(nr *store.NewRun, now time.Time) error {
+	r := &nr.Run
+	headers := []byte("{}")
+	if r.TriggerHeaders != nil {
+		var err error
+		if headers, err = json.Marshal(r.TriggerHeaders); err != nil {
+			return err
+		}
+	}
+	var seq int64
+	if err := c.addEvents(r.ID, &seq, now, nr.Events); err != nil {
+		return err
+	}
+	c.newRuns = append(c.newRuns, []any{r.ID, r.WorkflowID, r.Version, r.Status, string(r.Input), string(headers), nullStr(r.IdempotencyKey), r.Error, seq, ts(r.ExpiresAt), ts(r.StartedAt), tsPtr(r.FinishedAt), ts(now)})
+	for _, st := range nr.Steps {
+		st.RunID = r.ID
+		c.newSteps = append(c.newSteps, st)
+	}
+	for _, it := range nr.Queue {
+		it.RunID = r.ID
+		c.queue = append(c.queue, it)
+		c.note.queued(it.DueAt)
+	}
+	for _, t := range nr.Tasks {
+		t.RunID = r.ID
+		c.addTask(t, now)
+	}
+	return nil
+}
+
+// addTask adds a new task and its created event.
+func (c *changeset) addTask(t *store.Task, now time.Time) {
+	prepareTask(t, now, &c.note)
+	c.newTasks = append(c.newTasks, t)
+	c.events = append(c.events, eventRow{owner: t.ID, seq: 1, typ: "created", data: createdData(t), at: ts(now)})
 }
 
 func (c *changeset) step(s *store.StepRun) {
@@ -223,6 +263,20 @@ var (
 // transaction finished is not among them.
 func (s *Store) flush(ctx context.Context, tx *sql.Tx, c *changeset) error {
 	w := s.newWbuf(tx)
+	if len(c.newRuns) > 0 {
+		if err := s.insertRows(ctx, w, "runs", "id, workflow_id, version, status, input, trigger_headers, idempotency_key, error, event_seq, expires_at, started_at, finished_at, updated_at", 13, c.newRuns); err != nil {
+			return err
+		}
+	}
+	if len(c.newSteps) > 0 {
+		rows := make([][]any, 0, len(c.newSteps))
+		for _, st := range c.newSteps {
+			rows = append(rows, append([]any{st.RunID, st.Name, st.Position, st.Type}, stepArgs(st)...))
+		}
+		if err := s.insertRows(ctx, w, "step_runs", stepCols, 18, rows); err != nil {
+			return err
+		}
+	}
 	if len(c.newTasks) > 0 {
 		rows := make([][]any, 0, len(c.newTasks))
 		for _, t := range c.newTasks {

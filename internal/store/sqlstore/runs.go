@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/ferryhq/ferry/internal/store"
@@ -92,140 +91,171 @@ type execer interface {
 	ExecContext(context.Context, string, ...any) (sql.Result, error)
 }
 
-func (s *Store) insertStep(ctx context.Context, tx execer, st *store.StepRun) error {
-	args := append([]any{st.RunID, st.Name, st.Position, st.Type}, stepArgs(st)...)
-	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO step_runs (`+stepCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`), args...)
-	if err != nil {
-		return fmt.Errorf("insert step %s: %w", st.Name, err)
-	}
-	return nil
-}
-
-func (s *Store) enqueue(ctx context.Context, tx execer, items []store.QueueItem, n *note) error {
-	for _, it := range items {
-		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO queue (kind, run_id, step, attempt, due_at) VALUES (?, ?, ?, ?, ?)`),
-			it.Kind, it.RunID, it.Step, it.Attempt, ts(it.DueAt)); err != nil {
-			return fmt.Errorf("enqueue %s: %w", it.Kind, err)
-		}
-		n.queued(it.DueAt)
-	}
-	return nil
-}
-
-func (s *Store) appendEvents(ctx context.Context, tx execer, runID string, seq *int64, now time.Time, evs []store.NewEvent) error {
-	// One multi-row INSERT per batch: a round trip per event was a large
-	// share of a decision's cost.
-	const per = 100
-	for len(evs) > 0 {
-		batch := evs[:min(per, len(evs))]
-		evs = evs[len(batch):]
-		var sb strings.Builder
-		sb.WriteString(`INSERT INTO events (run_id, seq, type, step, data, at) VALUES `)
-		args := make([]any, 0, len(batch)*6)
-		for i, e := range batch {
-			*seq++
-			var data any
-			if e.Data != nil {
-				b, err := json.Marshal(e.Data)
-				if err != nil {
-					return fmt.Errorf("encode event: %w", err)
-				}
-				data = string(b)
-			}
-			if i > 0 {
-				sb.WriteByte(',')
-			}
-			sb.WriteString(`(?, ?, ?, ?, ?, ?)`)
-			args = append(args, runID, *seq, e.Type, e.Step, data, ts(now))
-		}
-		if _, err := tx.ExecContext(ctx, s.q(sb.String()), args...); err != nil {
-			return fmt.Errorf("append events: %w", err)
-		}
-	}
-	return nil
-}
-
 // CreateRun writes a run and its initial work in one transaction.
 func (s *Store) CreateRun(ctx context.Context, nr *store.NewRun, now time.Time) (*store.Run, bool, error) {
-	r := nr.Run
-	if r.ID == "" {
-		r.ID = newID()
-	}
-	headers, err := json.Marshal(r.TriggerHeaders)
+	res, err := s.CreateRuns(ctx, []*store.NewRun{nr}, now)
 	if err != nil {
 		return nil, false, err
 	}
-	if r.TriggerHeaders == nil {
-		headers = []byte("{}")
-	}
-	var existing string
-	var n note
-	err = s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		n = note{}
-		if r.IdempotencyKey != "" {
-			err := tx.QueryRowContext(ctx, s.q(`SELECT id FROM runs WHERE workflow_id = ? AND idempotency_key = ?`), r.WorkflowID, r.IdempotencyKey).Scan(&existing)
-			if err == nil {
-				return errExisting
-			}
-			if !errors.Is(err, sql.ErrNoRows) {
-				return err
-			}
-		}
-		var seq int64
-		w := s.newWbuf(tx)
-		if err := s.appendEvents(ctx, w, r.ID, &seq, now, nr.Events); err != nil {
-			return err
-		}
-		if _, err := w.ExecContext(ctx, s.q(`INSERT INTO runs (id, workflow_id, version, status, input, trigger_headers, idempotency_key, error, event_seq, expires_at, started_at, finished_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
-			r.ID, r.WorkflowID, r.Version, r.Status, string(r.Input), string(headers), nullStr(r.IdempotencyKey), r.Error, seq, ts(r.ExpiresAt), ts(r.StartedAt), tsPtr(r.FinishedAt), ts(now)); err != nil {
-			if r.IdempotencyKey != "" && s.d.IsUnique(err) {
-				return errExisting // lost a race with the same key
-			}
-			return fmt.Errorf("insert run: %w", err)
-		}
-		for _, st := range nr.Steps {
-			st.RunID = r.ID
-			if err := s.insertStep(ctx, w, st); err != nil {
-				return err
-			}
-		}
-		for i := range nr.Queue {
-			nr.Queue[i].RunID = r.ID
-		}
-		if err := s.enqueue(ctx, w, nr.Queue, &n); err != nil {
-			return err
-		}
-		for _, t := range nr.Tasks {
-			t.RunID = r.ID
-			if err := s.insertTask(ctx, w, t, now, &n); err != nil {
-				return fmt.Errorf("insert task: %w", err)
-			}
-		}
-		if err := w.flush(ctx); err != nil {
-			if r.IdempotencyKey != "" && s.d.IsUnique(err) {
-				return errExisting // lost a race with the same key
-			}
-			return fmt.Errorf("create run: %w", err)
-		}
-		return nil
-	})
-	if err == nil {
-		s.committed(&n)
-	}
-	if errors.Is(err, errExisting) {
-		if existing == "" {
-			if err := s.r.QueryRowContext(ctx, s.q(`SELECT id FROM runs WHERE workflow_id = ? AND idempotency_key = ?`), r.WorkflowID, r.IdempotencyKey).Scan(&existing); err != nil {
-				return nil, false, err
-			}
-		}
-		run, _, err := s.GetRun(ctx, existing)
-		return run, false, err
-	}
+	return res[0].Run, res[0].Created, res[0].Err
+}
+
+// CreateRuns writes many runs in one transaction, each with its steps,
+// queue items, tasks and events. A run whose idempotency key already names
+// a run of its workflow is not written: its result is that run with
+// Created false. A key repeated within nrs gets store.ErrRetry for all but
+// the first.
+func (s *Store) CreateRuns(ctx context.Context, nrs []*store.NewRun, now time.Time) ([]store.CreateResult, error) {
+	res := make([]store.CreateResult, len(nrs))
+	existing, err := s.runsByKey(ctx, nrs)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
-	run, _, err := s.GetRun(ctx, r.ID)
-	return run, true, err
+	var todo []int
+	seen := map[[2]string]bool{}
+	for i, nr := range nrs {
+		r := &nr.Run
+		if r.ID == "" {
+			r.ID = newID()
+		}
+		k := [2]string{r.WorkflowID, r.IdempotencyKey}
+		switch {
+		case r.IdempotencyKey == "":
+			todo = append(todo, i)
+		case existing[k] != "":
+			res[i].Run = &store.Run{ID: existing[k]}
+		case seen[k]:
+			res[i].Err = store.ErrRetry
+		default:
+			seen[k] = true
+			todo = append(todo, i)
+		}
+	}
+	var cs *changeset
+	if len(todo) > 0 {
+		err = s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+			cs = &changeset{}
+			for _, i := range todo {
+				if err := cs.newRun(nrs[i], now); err != nil {
+					return err
+				}
+			}
+			return s.flush(ctx, tx, cs)
+		})
+		if err != nil && s.d.IsUnique(err) && anyKey(nrs, todo) {
+			// Another server wrote a key meanwhile (the check above ran
+			// outside the transaction).
+			if len(todo) > 1 {
+				for _, i := range todo { // one by one, each finds its own
+					r, err := s.CreateRuns(ctx, nrs[i:i+1], now)
+					if err != nil {
+						return nil, err
+					}
+					res[i] = r[0]
+				}
+				return res, nil
+			}
+			found, kerr := s.runsByKey(ctx, nrs[todo[0]:todo[0]+1])
+			r := nrs[todo[0]].Run
+			if id := found[[2]string{r.WorkflowID, r.IdempotencyKey}]; kerr == nil && id != "" {
+				res[todo[0]] = store.CreateResult{Run: &store.Run{ID: id}}
+				todo, err = nil, nil
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("create runs: %w", err)
+		}
+		if cs != nil && len(todo) > 0 {
+			s.committed(&cs.note)
+		}
+		for _, i := range todo {
+			res[i] = store.CreateResult{Run: &store.Run{ID: nrs[i].Run.ID}, Created: true}
+		}
+	}
+	// Read back what was written (or found), as GetRun would return it.
+	var ids []string
+	for _, r := range res {
+		if r.Run != nil {
+			ids = append(ids, r.Run.ID)
+		}
+	}
+	got, err := s.runsByID(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	for i := range res {
+		if res[i].Run != nil {
+			if res[i].Run = got[res[i].Run.ID]; res[i].Run == nil {
+				return nil, fmt.Errorf("run %s vanished after it was written", nrs[i].Run.ID)
+			}
+		}
+	}
+	return res, nil
+}
+
+func anyKey(nrs []*store.NewRun, idx []int) bool {
+	for _, i := range idx {
+		if nrs[i].Run.IdempotencyKey != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// runsByKey maps (workflow id, idempotency key) to existing run ids.
+func (s *Store) runsByKey(ctx context.Context, nrs []*store.NewRun) (map[[2]string]string, error) {
+	var args []any
+	for _, nr := range nrs {
+		if nr.Run.IdempotencyKey != "" {
+			args = append(args, nr.Run.IdempotencyKey)
+		}
+	}
+	out := map[[2]string]string{}
+	if len(args) == 0 {
+		return out, nil
+	}
+	rows, err := s.r.QueryContext(ctx, s.q(`SELECT id, workflow_id, idempotency_key FROM runs WHERE idempotency_key IN (`+placeholders(len(args))+`)`), args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, wf, key string
+		if err := rows.Scan(&id, &wf, &key); err != nil {
+			return nil, err
+		}
+		out[[2]string{wf, key}] = id
+	}
+	return out, rows.Err()
+}
+
+func (s *Store) runsByID(ctx context.Context, ids []string) (map[string]*store.Run, error) {
+	out := make(map[string]*store.Run, len(ids))
+	for len(ids) > 0 {
+		chunk := ids[:min(500, len(ids))]
+		ids = ids[len(chunk):]
+		args := make([]any, len(chunk))
+		for i, id := range chunk {
+			args[i] = id
+		}
+		rows, err := s.r.QueryContext(ctx, s.q(`SELECT `+runCols+` FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE r.id IN (`+placeholders(len(chunk))+`)`), args...)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			r, err := scanRun(rows)
+			if err != nil {
+				rows.Close()
+				return nil, err
+			}
+			out[r.ID] = r
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // GetRun returns a run and its steps in definition order.

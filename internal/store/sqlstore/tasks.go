@@ -43,16 +43,6 @@ func nullJSON(b json.RawMessage) any {
 	return string(b)
 }
 
-func (s *Store) insertTask(ctx context.Context, tx execer, t *store.Task, now time.Time, n *note) error {
-	prepareTask(t, now, n)
-	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO tasks (`+taskCols+`, event_seq) VALUES (`+placeholders(23)+`)`), taskInsertArgs(t)...); err != nil {
-		return err
-	}
-	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO events (run_id, seq, type, step, data, at) VALUES (?, 1, 'created', '', ?, ?)`),
-		t.ID, createdData(t), ts(now))
-	return err
-}
-
 // prepareTask fills a new task's id, times and status.
 func prepareTask(t *store.Task, now time.Time, n *note) {
 	if t.ID == "" {
@@ -95,15 +85,11 @@ func (s *Store) CreateTask(ctx context.Context, t *store.Task, now time.Time) (*
 			return existing, false, nil
 		}
 	}
-	var n note
+	var cs *changeset
 	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		n = note{}
-		w := s.newWbuf(tx)
-		err := s.insertTask(ctx, w, t, now, &n)
-		if err == nil {
-			err = w.flush(ctx)
-		}
-		if err != nil {
+		cs = &changeset{}
+		cs.addTask(t, now)
+		if err := s.flush(ctx, tx, cs); err != nil {
 			if t.IdempotencyKey != "" && s.d.IsUnique(err) {
 				return errExisting
 			}
@@ -112,7 +98,7 @@ func (s *Store) CreateTask(ctx context.Context, t *store.Task, now time.Time) (*
 		return nil
 	})
 	if err == nil {
-		s.committed(&n)
+		s.committed(&cs.note)
 	}
 	if errors.Is(err, errExisting) {
 		existing, err := s.taskByKey(ctx, t.IdempotencyKey)
@@ -528,9 +514,7 @@ func (t *taskTx) AppendTask(events ...store.NewEvent) error {
 // CreateTask adds a step's task to the run's transaction.
 func (t *runTx) CreateTask(k *store.Task) error {
 	k.RunID = t.run.ID
-	prepareTask(k, t.now, &t.cs.note)
-	t.cs.newTasks = append(t.cs.newTasks, k)
-	t.cs.events = append(t.cs.events, eventRow{owner: k.ID, seq: 1, typ: "created", data: createdData(k), at: ts(t.now)})
+	t.cs.addTask(k, t.now)
 	return nil
 }
 

@@ -68,35 +68,27 @@ func (e *Engine) CancelTask(ctx context.Context, id string) (*client.Task, error
 // most 60s) when none is ready. It returns early with ctx's error when ctx
 // ends.
 func (e *Engine) ClaimTasks(ctx context.Context, req client.ClaimRequest) ([]client.ClaimedTask, error) {
-	if len(req.Types) == 0 {
-		return nil, invalid("types", `types must list at least one type or prefix ("billing.%")`)
+	rq, err := claimRequest(req)
+	if err != nil {
+		return nil, err
 	}
-	for i, t := range req.Types {
-		if t == "" || strings.Contains(strings.TrimSuffix(t, "%"), "%") {
-			return nil, invalid(fmt.Sprintf("types[%d]", i), fmt.Sprintf("%q: use an exact type or a prefix ending in %%", t))
-		}
-	}
-	if req.Lease == 0 {
-		req.Lease = 30 * time.Second
-	}
-	if req.Max == 0 {
-		req.Max = 1
-	}
-	switch {
-	case req.Lease < time.Second || req.Lease > time.Hour:
-		return nil, invalid("lease_seconds", "lease_seconds must be from 1 to 3600")
-	case req.Max < 1 || req.Max > 100:
-		return nil, invalid("max", "max must be from 1 to 100")
-	case req.Wait < 0 || req.Wait > runtime.MaxClaimWait:
-		return nil, invalid("wait_seconds", "wait_seconds must be from 0 to 60")
-	}
-	if req.WorkerID == "" {
-		req.WorkerID = "anonymous"
-	}
-	ts, err := e.rt.ClaimTasks(ctx, runtime.ClaimRequest{Types: req.Types, WorkerID: req.WorkerID, Lease: req.Lease, Max: req.Max, Wait: req.Wait})
+	ts, err := e.rt.ClaimTasks(ctx, rq)
 	if err != nil {
 		return nil, taskErr(err)
 	}
+	return e.claimed(ctx, ts), nil
+}
+
+// claimRequest checks a claim and fills its defaults.
+func claimRequest(req client.ClaimRequest) (runtime.ClaimRequest, error) {
+	rq := runtime.ClaimRequest{Types: req.Types, WorkerID: req.WorkerID, Lease: req.Lease, Max: req.Max, Wait: req.Wait}
+	if fe := runtime.CheckClaim(&rq); fe != nil {
+		return rq, invalid(fe.Path, fe.Msg)
+	}
+	return rq, nil
+}
+
+func (e *Engine) claimed(ctx context.Context, ts []*store.Task) []client.ClaimedTask {
 	out := make([]client.ClaimedTask, 0, len(ts))
 	for _, t := range ts {
 		maxAttempts, _ := e.rt.TaskDefaults(ctx, t)
@@ -109,7 +101,7 @@ func (e *Engine) ClaimTasks(ctx context.Context, req client.ClaimRequest) ([]cli
 		}
 		out = append(out, ct)
 	}
-	return out, nil
+	return out
 }
 
 // Heartbeat extends a lease by lease (0 means 30s) and reports whether the
@@ -134,26 +126,54 @@ func (e *Engine) Heartbeat(ctx context.Context, id, token string, lease time.Dur
 // CompleteTask records success with result (any JSON-encodable value; a
 // json.RawMessage is kept as is).
 func (e *Engine) CompleteTask(ctx context.Context, id, token string, result any) error {
-	if token == "" {
-		return invalid("lease_token", "lease_token is required")
+	raw, err := resultJSON(token, result)
+	if err != nil {
+		return err
 	}
-	var raw json.RawMessage
+	_, err = e.rt.CompleteTask(ctx, id, token, raw)
+	return taskErr(err)
+}
+
+// CompleteTaskAndClaim completes a task and takes, in the same transaction,
+// up to next.Max of the tasks the completion starts whose types match
+// next.Types (eager dispatch: the run's next step goes to this worker with
+// no claim in between). next.Wait is ignored.
+func (e *Engine) CompleteTaskAndClaim(ctx context.Context, id, token string, result any, next client.ClaimRequest) ([]client.ClaimedTask, error) {
+	raw, err := resultJSON(token, result)
+	if err != nil {
+		return nil, err
+	}
+	next.Wait = 0
+	rq, err := claimRequest(next)
+	if err != nil {
+		return nil, err
+	}
+	_, ts, err := e.rt.CompleteTaskAndClaim(ctx, id, token, raw, rq)
+	if err != nil {
+		return nil, taskErr(err)
+	}
+	return e.claimed(ctx, ts), nil
+}
+
+func resultJSON(token string, result any) (json.RawMessage, error) {
+	if token == "" {
+		return nil, invalid("lease_token", "lease_token is required")
+	}
 	switch r := result.(type) {
 	case nil:
+		return nil, nil
 	case json.RawMessage:
 		if !json.Valid(r) {
-			return invalid("result", "result must be JSON")
+			return nil, invalid("result", "result must be JSON")
 		}
-		raw = r
+		return r, nil
 	default:
 		b, err := json.Marshal(r)
 		if err != nil {
-			return fmt.Errorf("ferry: encode task result: %w", err)
+			return nil, fmt.Errorf("ferry: encode task result: %w", err)
 		}
-		raw = b
+		return b, nil
 	}
-	_, err := e.rt.CompleteTask(ctx, id, token, raw)
-	return taskErr(err)
 }
 
 // FailTask records a failed attempt, retried with backoff when retryable and

@@ -291,21 +291,8 @@ func (c *Client) TaskEvents(ctx context.Context, id string, after int64) ([]Task
 // cancelling ctx abandons the poll. An http.Client given with WithHTTPClient
 // must not time out sooner than req.Wait plus a margin.
 func (c *Client) ClaimTasks(ctx context.Context, req ClaimRequest) ([]ClaimedTask, error) {
-	body := map[string]any{"types": req.Types}
-	if req.WorkerID != "" {
-		body["worker_id"] = req.WorkerID
-	}
-	if req.Lease > 0 {
-		body["lease_seconds"] = req.Lease.Seconds()
-	}
-	if req.Max > 0 {
-		body["max"] = req.Max
-	}
-	if req.Wait > 0 {
-		body["wait_seconds"] = req.Wait.Seconds()
-	}
 	var out []ClaimedTask
-	if err := c.post(ctx, "/api/v1/tasks/claim", body, &out); err != nil {
+	if err := c.post(ctx, "/api/v1/tasks/claim", req.body(), &out); err != nil {
 		return nil, err
 	}
 	if out == nil {
@@ -342,6 +329,32 @@ func (c *Client) CompleteTask(ctx context.Context, id, token string, result any)
 		body["result"] = raw
 	}
 	return c.post(ctx, taskPath(id, "/complete"), body, nil)
+}
+
+// CompleteTaskAndClaim completes a task like CompleteTask and takes, in the
+// same transaction, up to next.Max (default 1) of the tasks the completion
+// starts (the run's next steps) whose types match next.Types: eager
+// dispatch, no claim round trip between steps. next.Wait must be zero.
+func (c *Client) CompleteTaskAndClaim(ctx context.Context, id, token string, result any, next ClaimRequest) ([]ClaimedTask, error) {
+	body := map[string]any{"lease_token": token}
+	if result != nil {
+		raw, err := marshalResult(result)
+		if err != nil {
+			return nil, err
+		}
+		body["result"] = raw
+	}
+	body["next"] = next.body()
+	var env struct {
+		Next []ClaimedTask `json:"next"`
+	}
+	if err := c.postEnvelope(ctx, taskPath(id, "/complete"), body, &env); err != nil {
+		return nil, err
+	}
+	if env.Next == nil {
+		env.Next = []ClaimedTask{}
+	}
+	return env.Next, nil
 }
 
 // FailTask reports a failed attempt. A retryable failure is retried with
@@ -405,6 +418,35 @@ func (c *Client) post(ctx context.Context, path string, body any, out any) error
 		return fmt.Errorf("ferry: encode %s request: %w", path, err)
 	}
 	_, err = c.do(ctx, http.MethodPost, path, nil, bytes.NewReader(b), out)
+	return err
+}
+
+// body is the request's JSON form; zero fields are left to the server's
+// defaults.
+func (req ClaimRequest) body() map[string]any {
+	body := map[string]any{"types": req.Types}
+	if req.WorkerID != "" {
+		body["worker_id"] = req.WorkerID
+	}
+	if req.Lease > 0 {
+		body["lease_seconds"] = req.Lease.Seconds()
+	}
+	if req.Max > 0 {
+		body["max"] = req.Max
+	}
+	if req.Wait > 0 {
+		body["wait_seconds"] = req.Wait.Seconds()
+	}
+	return body
+}
+
+// postEnvelope posts body and decodes the whole response envelope into out.
+func (c *Client) postEnvelope(ctx context.Context, path string, body any, out any) error {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return fmt.Errorf("ferry: encode %s request: %w", path, err)
+	}
+	_, err = c.doRaw(ctx, http.MethodPost, path, nil, bytes.NewReader(b), out)
 	return err
 }
 

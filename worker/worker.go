@@ -26,6 +26,13 @@ type Source interface {
 	FailTask(ctx context.Context, id, token, msg string, retryable bool) error
 }
 
+// EagerSource is a Source that can complete a task and hand the worker, in
+// the same call, the tasks the completion starts (the run's next steps):
+// eager dispatch. *client.Client and *ferry.Engine satisfy it.
+type EagerSource interface {
+	CompleteTaskAndClaim(ctx context.Context, id, token string, result any, next client.ClaimRequest) ([]client.ClaimedTask, error)
+}
+
 // Config configures a Worker. Zero fields take the defaults noted.
 type Config struct {
 	// Types lists the exact types ("billing.invoice.v1") and prefixes
@@ -48,6 +55,12 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// Logger receives the worker's logs (default slog.Default()).
 	Logger *slog.Logger
+	// NoEager turns off eager dispatch. By default, when the Source is an
+	// EagerSource, a completion asks for the next step of the same run if
+	// its type is one this worker claims, and runs it in the slot the
+	// completed task held: no claim round trip between the steps. Tasks
+	// taken this way skip the queue's priority order.
+	NoEager bool
 }
 
 // Context causes of a handler's cancellation (see context.Cause). A lost
@@ -328,7 +341,7 @@ func (w *Worker) claimLoop(ctx, hctx context.Context, inflight chan struct{}, wg
 			go func() {
 				defer wg.Done()
 				defer func() { <-inflight }()
-				w.execute(hctx, ct, claimed)
+				w.executeChain(ctx, hctx, ct, claimed)
 			}()
 		}
 		var d time.Duration
@@ -362,9 +375,22 @@ func jitter(d time.Duration) time.Duration {
 	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
 }
 
+// executeChain runs a claimed task and then, in the same slot, the tasks
+// its completion handed over (eager dispatch) while the worker runs.
+func (w *Worker) executeChain(ctx, hctx context.Context, ct client.ClaimedTask, claimed time.Time) {
+	next := []client.ClaimedTask{ct}
+	for len(next) > 0 {
+		ct, next = next[0], next[1:]
+		more := w.execute(ctx, hctx, ct, claimed)
+		next = append(next, more...)
+		claimed = time.Now()
+	}
+}
+
 // execute runs one claimed task's handler under heartbeats and reports the
-// outcome.
-func (w *Worker) execute(hctx context.Context, ct client.ClaimedTask, claimed time.Time) {
+// outcome; it returns the tasks an eager completion handed over. Once ctx
+// (the worker's run) ends it asks for none.
+func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claimed time.Time) []client.ClaimedTask {
 	log := w.log.With("task_id", ct.ID, "type", ct.Type, "attempt", ct.Attempt)
 	h := w.handler(ct.Type)
 	if h == nil {
@@ -373,7 +399,7 @@ func (w *Worker) execute(hctx context.Context, ct client.ClaimedTask, claimed ti
 		w.report(log, "fail", func(ctx context.Context) error {
 			return w.src.FailTask(ctx, ct.ID, ct.LeaseToken, msg, false)
 		})
-		return
+		return nil
 	}
 	ctx, cancel := context.WithCancelCause(hctx)
 	defer cancel(nil)
@@ -383,7 +409,7 @@ func (w *Worker) execute(hctx context.Context, ct client.ClaimedTask, claimed ti
 	res, err := w.call(ctx, log, h, t)
 	if reason := hb.stop(); reason != nil {
 		log.Info("dropping the handler's outcome", "reason", reason, "handler_err", err)
-		return
+		return nil
 	}
 	if err == nil {
 		raw, merr := json.Marshal(res) // validates a json.RawMessage too
@@ -391,10 +417,24 @@ func (w *Worker) execute(hctx context.Context, ct client.ClaimedTask, claimed ti
 			err = NonRetryable(fmt.Errorf("encode the handler's result: %w", merr))
 		} else {
 			log.Debug("task handled", "duration", time.Since(start))
-			w.report(log, "complete", func(ctx context.Context) error {
-				return w.src.CompleteTask(ctx, ct.ID, ct.LeaseToken, json.RawMessage(raw))
+			es, eager := w.src.(EagerSource)
+			if !eager || w.cfg.NoEager || ctx.Err() != nil {
+				w.report(log, "complete", func(ctx context.Context) error {
+					return w.src.CompleteTask(ctx, ct.ID, ct.LeaseToken, json.RawMessage(raw))
+				})
+				return nil
+			}
+			// A retried report after one that committed is refused as
+			// finished: a task it was handed is then lost to this worker
+			// and handed out again when its lease ends.
+			var next []client.ClaimedTask
+			w.report(log, "complete", func(rctx context.Context) error {
+				var err error
+				next, err = es.CompleteTaskAndClaim(rctx, ct.ID, ct.LeaseToken, json.RawMessage(raw),
+					client.ClaimRequest{Types: w.claimTypes(), WorkerID: w.cfg.WorkerID, Lease: w.cfg.Lease, Max: 1})
+				return err
 			})
-			return
+			return next
 		}
 	}
 	retryable := !IsNonRetryable(err)
@@ -409,6 +449,7 @@ func (w *Worker) execute(hctx context.Context, ct client.ClaimedTask, claimed ti
 	w.report(log, "fail", func(ctx context.Context) error {
 		return w.src.FailTask(ctx, ct.ID, ct.LeaseToken, msg, retryable)
 	})
+	return nil
 }
 
 // call runs the handler, turning a panic into a (retryable) error.

@@ -891,3 +891,54 @@ func TestUnencodableResultFails(t *testing.T) {
 		}
 	})
 }
+
+// TestEagerChain: completing a step hands the worker the run's next step
+// (eager dispatch), so every step after the first is claimed by the
+// completion itself; with NoEager every step goes through a claim.
+func TestEagerChain(t *testing.T) {
+	eachSource(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		def := []byte(`{"name": "chain3", "tasks": {
+			"s1": {"task": {"type": "chain.step.v1"}},
+			"s2": {"needs": ["s1"], "task": {"type": "chain.step.v1", "payload": {"prev": "{{tasks.s1.body.step}}"}}},
+			"s3": {"needs": ["s2"], "task": {"type": "chain.step.v1", "payload": {"prev": "{{tasks.s2.body.step}}"}}}}}`)
+		if _, err := e.c.CreateWorkflow(ctx, def); err != nil {
+			t.Fatal(err)
+		}
+		for _, eager := range []bool{true, false} {
+			w := newWorker(t, e.src, worker.Config{Concurrency: 1, Lease: 5 * time.Second, NoEager: !eager})
+			seen := make(chan [2]string, 8) // step<prev, task id
+			w.Handle("chain.step.v1", func(ctx context.Context, task *worker.Task) (any, error) {
+				var in struct{ Prev string }
+				if err := task.Decode(&in); err != nil {
+					return nil, worker.NonRetryable(err)
+				}
+				seen <- [2]string{task.Step + "<" + in.Prev, task.ID}
+				return map[string]any{"step": task.Step}, nil
+			})
+			r := start(t, w)
+			if _, _, err := e.c.Trigger(ctx, "chain3", json.RawMessage(`{}`), ""); err != nil {
+				t.Fatal(err)
+			}
+			for i, want := range []string{"s1<", "s2<s1", "s3<s2"} {
+				got := recv(t, seen, want)
+				if got[0] != want {
+					t.Fatalf("eager=%v: handled %s, want %s", eager, got[0], want)
+				}
+				k := e.waitTask(t, got[1], "succeeded", status("succeeded"))
+				handed := false
+				for _, ev := range e.events(t, k.ID) {
+					if ev.Type == "claimed" && strings.Contains(string(ev.Data), `"eager":true`) {
+						handed = true
+					}
+				}
+				if wantHanded := eager && i > 0; handed != wantHanded {
+					t.Errorf("eager=%v: step %s handed over by the completion = %v, want %v", eager, k.Step, handed, wantHanded)
+				}
+			}
+			if err := r.stop(t); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}

@@ -1093,4 +1093,37 @@ func TestOpenAPITasks(t *testing.T) {
 	if s := m(m(r.data()["tasks"])["resize"]); r.data()["status"] != "completed" || s["status"] != "success" || m(s["body"])["thumbnail"] != "img_1-thumb.png" {
 		t.Errorf("task step after the worker: %s", r.raw)
 	}
+
+	// Eager dispatch: completing with "next" hands over the run's next step.
+	c.expect(c.call("POST /api/v1/workflows", "/api/v1/workflows", `{"name":"pair","tasks":{"one":{"task":{"type":"pair.one.v1"}},"two":{"needs":["one"],"task":{"type":"pair.two.v1","payload":{"got":"{{tasks.one.body.n}}"}}}}}`, nil), 201, "")
+	r = c.call("POST /api/v1/workflows/{id}/trigger", "/api/v1/workflows/pair/trigger", `{}`, nil)
+	c.expect(r, 201, "")
+	runID = r.data()["run_id"].(string)
+	r = c.call("POST /api/v1/tasks/claim", "/api/v1/tasks/claim", `{"types":["pair.%"]}`, nil)
+	c.expect(r, 200, "")
+	l = listOf(m(r.body)["data"])
+	if len(l) != 1 {
+		t.Fatalf("claim pair.one: %s", r.raw)
+	}
+	id, tok = m(l[0])["id"].(string), m(l[0])["lease_token"].(string)
+	completeURL := "/api/v1/tasks/" + id + "/complete"
+	badPath(c.call("POST /api/v1/tasks/{id}/complete", completeURL, `{"lease_token":"`+tok+`","next":{"types":[]}}`, nil), "next.types")
+	badPath(c.call("POST /api/v1/tasks/{id}/complete", completeURL, `{"lease_token":"`+tok+`","next":{"types":["pair.%"],"wait_seconds":5}}`, nil), "next.wait_seconds")
+	r = c.call("POST /api/v1/tasks/{id}/complete", completeURL, `{"lease_token":"`+tok+`","result":{"n":7},"next":{"types":["pair.%"],"worker_id":"w-pair"}}`, nil)
+	c.expect(r, 200, "")
+	next := listOf(m(r.body)["next"])
+	if r.data()["status"] != "succeeded" || len(next) != 1 || m(next[0])["step"] != "two" || m(next[0])["run_id"] != runID || m(m(next[0])["payload"])["got"] != 7.0 {
+		t.Fatalf("complete with next: %s", r.raw)
+	}
+	r = c.call("GET /api/v1/tasks/{id}", "/api/v1/tasks/"+m(next[0])["id"].(string), "", nil)
+	c.expect(r, 200, "")
+	if r.data()["status"] != "leased" || r.data()["leased_by"] != "w-pair" {
+		t.Errorf("the handed task: %s", r.raw)
+	}
+	c.expect(c.call("POST /api/v1/tasks/{id}/complete", "/api/v1/tasks/"+m(next[0])["id"].(string)+"/complete", `{"lease_token":"`+m(next[0])["lease_token"].(string)+`","next":{"types":["pair.%"]}}`, nil), 200, "")
+	r = c.call("GET /api/v1/runs/{run_id}", "/api/v1/runs/"+runID, "", nil)
+	c.expect(r, 200, "")
+	if r.data()["status"] != "completed" {
+		t.Errorf("run after eager steps: %s", r.raw)
+	}
 }

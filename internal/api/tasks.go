@@ -209,41 +209,11 @@ func (s *Server) claimTasks(w http.ResponseWriter, r *http.Request) {
 	if !decodeStrict(w, r, &req) {
 		return
 	}
-	if len(req.Types) == 0 {
-		badField(w, "types", "types must list at least one type or prefix (\"billing.%\")")
+	rq, ok := req.check(w, "")
+	if !ok {
 		return
 	}
-	for i, t := range req.Types {
-		if t == "" || strings.Contains(strings.TrimSuffix(t, "%"), "%") {
-			badField(w, fmt.Sprintf("types[%d]", i), fmt.Sprintf("%q: use an exact type or a prefix ending in %%", t))
-			return
-		}
-	}
-	if req.LeaseSeconds == 0 {
-		req.LeaseSeconds = 30
-	}
-	if req.Max == 0 {
-		req.Max = 1
-	}
-	switch {
-	case req.LeaseSeconds < 1 || req.LeaseSeconds > 3600:
-		badField(w, "lease_seconds", "lease_seconds must be from 1 to 3600")
-		return
-	case req.Max < 1 || req.Max > 100:
-		badField(w, "max", "max must be from 1 to 100")
-		return
-	case req.WaitSeconds < 0 || req.WaitSeconds > 60:
-		badField(w, "wait_seconds", "wait_seconds must be from 0 to 60")
-		return
-	}
-	if req.WorkerID == "" {
-		req.WorkerID = "anonymous"
-	}
-	ts, err := s.rt.ClaimTasks(r.Context(), runtime.ClaimRequest{
-		Types: req.Types, WorkerID: req.WorkerID, Max: req.Max,
-		Lease: time.Duration(req.LeaseSeconds * float64(time.Second)),
-		Wait:  time.Duration(req.WaitSeconds * float64(time.Second)),
-	})
+	ts, err := s.rt.ClaimTasks(r.Context(), rq)
 	if err != nil {
 		if r.Context().Err() != nil {
 			return // the worker went away
@@ -257,6 +227,24 @@ func (s *Server) claimTasks(w http.ResponseWriter, r *http.Request) {
 		s.rt.ReleaseTasks(context.WithoutCancel(r.Context()), ts)
 		return
 	}
+	writeData(w, http.StatusOK, s.claimedJSON(r, ts))
+}
+
+// check validates the claim, naming bad fields under prefix.
+func (req *claimRequest) check(w http.ResponseWriter, prefix string) (runtime.ClaimRequest, bool) {
+	rq := runtime.ClaimRequest{
+		Types: req.Types, WorkerID: req.WorkerID, Max: req.Max,
+		Lease: time.Duration(req.LeaseSeconds * float64(time.Second)),
+		Wait:  time.Duration(req.WaitSeconds * float64(time.Second)),
+	}
+	if fe := runtime.CheckClaim(&rq); fe != nil {
+		badField(w, prefix+fe.Path, fe.Msg)
+		return rq, false
+	}
+	return rq, true
+}
+
+func (s *Server) claimedJSON(r *http.Request, ts []*store.Task) []any {
 	out := make([]any, 0, len(ts))
 	for _, t := range ts {
 		maxAttempts, _ := s.rt.TaskDefaults(r.Context(), t)
@@ -272,7 +260,7 @@ func (s *Server) claimTasks(w http.ResponseWriter, r *http.Request) {
 		o.set("step", nullable(t.Step))
 		out = append(out, o)
 	}
-	writeData(w, http.StatusOK, out)
+	return out
 }
 
 type heartbeatRequest struct {
@@ -307,6 +295,9 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 type completeRequest struct {
 	LeaseToken string          `json:"lease_token"`
 	Result     json.RawMessage `json:"result"`
+	// Next asks for the tasks the completion starts (eager dispatch); the
+	// answer lists them in "next" beside "data".
+	Next *claimRequest `json:"next"`
 }
 
 func (s *Server) completeTask(w http.ResponseWriter, r *http.Request) {
@@ -318,12 +309,29 @@ func (s *Server) completeTask(w http.ResponseWriter, r *http.Request) {
 		badField(w, "lease_token", "lease_token is required")
 		return
 	}
-	t, err := s.rt.CompleteTask(r.Context(), r.PathValue("id"), req.LeaseToken, req.Result)
+	if req.Next == nil {
+		t, err := s.rt.CompleteTask(r.Context(), r.PathValue("id"), req.LeaseToken, req.Result)
+		if err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+		writeData(w, http.StatusOK, s.taskJSON(r, t))
+		return
+	}
+	if req.Next.WaitSeconds != 0 {
+		badField(w, "next.wait_seconds", "a completion does not wait: leave wait_seconds out")
+		return
+	}
+	next, ok := req.Next.check(w, "next.")
+	if !ok {
+		return
+	}
+	t, ts, err := s.rt.CompleteTaskAndClaim(r.Context(), r.PathValue("id"), req.LeaseToken, req.Result, next)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
-	writeData(w, http.StatusOK, s.taskJSON(r, t))
+	writeJSON(w, http.StatusOK, map[string]any{"data": s.taskJSON(r, t), "next": s.claimedJSON(r, ts)})
 }
 
 type failRequest struct {

@@ -166,7 +166,7 @@ func (r *Runtime) expireRun(ctx context.Context, it *store.QueueItem) error {
 		}
 		run.Status, run.Error, run.FinishedAt = status.RunTimeout, "run exceeded max_duration", &now
 		ch.events = append(ch.events, store.NewEvent{Type: "run_timeout"})
-		return r.flush(tx, run, ch)
+		return r.flush(ctx, tx, run, ch)
 	})
 	if err == nil {
 		r.abortRun(it.RunID)
@@ -259,7 +259,7 @@ func (r *Runtime) runHTTP(ctx context.Context, it *store.QueueItem) error {
 			}
 			ch.queue = append(ch.queue, store.QueueItem{Kind: store.KindHTTP, Step: s.Name, Attempt: it.Attempt + 1, DueAt: now.Add(delay)})
 			ch.events = append(ch.events, store.NewEvent{Type: "step_retrying", Step: s.Name, Data: map[string]any{"attempt": it.Attempt, "error": s.Error, "retry_in_ms": delay.Milliseconds()}})
-			return r.flush(tx, tx.Run(), ch)
+			return r.flush(ctx, tx, tx.Run(), ch)
 		}
 		s.FinishedAt = &now
 		s.Error = ""

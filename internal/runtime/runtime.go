@@ -276,6 +276,7 @@ type changes struct {
 	tasks    []*store.Task
 	events   []store.NewEvent
 	finished bool
+	eager    *eagerClaim // a completing worker takes the tasks it starts
 }
 
 func (c *changes) touch(s *store.StepRun) {
@@ -386,17 +387,17 @@ func (r *Runtime) finishIfDone(def *spec.Workflow, run *store.Run, steps []*stor
 func (r *Runtime) advance(ctx context.Context, tx store.RunTx, ch *changes) error {
 	run := tx.Run()
 	if status.RunTerminal(run.Status) {
-		return r.flush(tx, run, ch)
+		return r.flush(ctx, tx, run, ch)
 	}
 	def, err := r.Definition(ctx, run.WorkflowID, run.Version)
 	if err != nil {
 		return err
 	}
 	r.decide(def, run, tx.Steps(), ch)
-	return r.flush(tx, run, ch)
+	return r.flush(ctx, tx, run, ch)
 }
 
-func (r *Runtime) flush(tx store.RunTx, run *store.Run, ch *changes) error {
+func (r *Runtime) flush(ctx context.Context, tx store.RunTx, run *store.Run, ch *changes) error {
 	for _, s := range ch.touched {
 		if err := tx.UpdateStep(s); err != nil {
 			return err
@@ -417,6 +418,9 @@ func (r *Runtime) flush(tx store.RunTx, run *store.Run, ch *changes) error {
 			return err
 		}
 		for _, t := range ch.tasks {
+			if ch.eager != nil {
+				r.take(ctx, ch.eager, t, ch.now)
+			}
 			if err := tx.CreateTask(t); err != nil {
 				return err
 			}
@@ -445,7 +449,7 @@ func (r *Runtime) Cancel(ctx context.Context, runID string) (*store.Run, error) 
 		run.Status, run.Error, run.FinishedAt = status.RunCancelled, "cancelled by request", &now
 		ch.finished = true
 		ch.events = append(ch.events, store.NewEvent{Type: "run_cancelled"})
-		return r.flush(tx, run, ch)
+		return r.flush(ctx, tx, run, ch)
 	})
 	if err != nil {
 		return nil, err

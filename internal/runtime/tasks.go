@@ -2,9 +2,11 @@ package runtime
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -158,6 +160,42 @@ type ClaimRequest struct {
 	Wait     time.Duration // long-poll up to this long when nothing is ready
 }
 
+// FieldError names the request field a claim got wrong (its JSON name).
+type FieldError struct{ Path, Msg string }
+
+func (e *FieldError) Error() string { return e.Path + ": " + e.Msg }
+
+// CheckClaim validates a claim as the API states it and fills defaults
+// (lease 30s, max 1, worker "anonymous").
+func CheckClaim(req *ClaimRequest) *FieldError {
+	if len(req.Types) == 0 {
+		return &FieldError{"types", `types must list at least one type or prefix ("billing.%")`}
+	}
+	for i, t := range req.Types {
+		if t == "" || strings.Contains(strings.TrimSuffix(t, "%"), "%") {
+			return &FieldError{fmt.Sprintf("types[%d]", i), fmt.Sprintf("%q: use an exact type or a prefix ending in %%", t)}
+		}
+	}
+	if req.Lease == 0 {
+		req.Lease = 30 * time.Second
+	}
+	if req.Max == 0 {
+		req.Max = 1
+	}
+	switch {
+	case req.Lease < time.Second || req.Lease > time.Hour:
+		return &FieldError{"lease_seconds", "lease_seconds must be from 1 to 3600"}
+	case req.Max < 1 || req.Max > 100:
+		return &FieldError{"max", "max must be from 1 to 100"}
+	case req.Wait < 0 || req.Wait > MaxClaimWait:
+		return &FieldError{"wait_seconds", "wait_seconds must be from 0 to 60"}
+	}
+	if req.WorkerID == "" {
+		req.WorkerID = "anonymous"
+	}
+	return nil
+}
+
 // ClaimTasks leases ready tasks, waiting up to req.Wait for some to become
 // ready: a new task wakes the wait at once (locally, or through Postgres
 // NOTIFY), and a task whose run_at or lease end comes due wakes it on time.
@@ -243,7 +281,7 @@ func (r *Runtime) dropExhausted(ctx context.Context, ts []*store.Task) []*store.
 			if k.LeaseToken != t.LeaseToken {
 				return nil
 			}
-			return r.finishTask(ctx, tx, status.TaskFailed, nil, "lease expired on the final attempt; the worker never reported")
+			return r.finishTask(ctx, tx, status.TaskFailed, nil, "lease expired on the final attempt; the worker never reported", nil)
 		})
 		if err != nil {
 			r.log.Error("failing exhausted task", "task_id", t.ID, "err", err)
@@ -276,7 +314,7 @@ func (r *Runtime) failExhaustedLeases(ctx context.Context) {
 			if err := tx.AppendTask(store.NewEvent{Type: "lease_expired", Data: map[string]any{"attempt": k.Attempt}}); err != nil {
 				return err
 			}
-			return r.finishTask(ctx, tx, status.TaskFailed, nil, "lease expired on the final attempt; the worker never reported")
+			return r.finishTask(ctx, tx, status.TaskFailed, nil, "lease expired on the final attempt; the worker never reported", nil)
 		})
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("failing exhausted task", "task_id", t.ID, "err", err)
@@ -334,8 +372,72 @@ func (r *Runtime) CompleteTask(ctx context.Context, id, token string, result jso
 		result = json.RawMessage("null")
 	}
 	return r.reportTask(ctx, id, token, func(tx store.TaskTx) error {
-		return r.finishTask(ctx, tx, status.TaskSucceeded, result, "")
+		return r.finishTask(ctx, tx, status.TaskSucceeded, result, "", nil)
 	})
+}
+
+// CompleteTaskAndClaim completes a task like CompleteTask and, in the same
+// transaction, leases to the same worker up to next.Max of the tasks the
+// completion starts (the run's next steps) whose types next.Types match:
+// eager dispatch. The worker goes on without a claim round trip and the
+// step-to-step hand-off is one commit. Tasks handed out this way skip the
+// queue's priority order; the rest are left for any claim.
+func (r *Runtime) CompleteTaskAndClaim(ctx context.Context, id, token string, result json.RawMessage, next ClaimRequest) (*store.Task, []*store.Task, error) {
+	if len(result) == 0 {
+		result = json.RawMessage("null")
+	}
+	if next.Lease <= 0 {
+		next.Lease = 30 * time.Second
+	}
+	e := &eagerClaim{req: next}
+	out, err := r.reportTask(ctx, id, token, func(tx store.TaskTx) error {
+		e.taken = e.taken[:0] // a retried batch starts over
+		return r.finishTask(ctx, tx, status.TaskSucceeded, result, "", e)
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return out, e.taken, nil
+}
+
+// eagerClaim is a completing worker's request for the tasks its completion
+// starts.
+type eagerClaim struct {
+	req   ClaimRequest
+	taken []*store.Task
+}
+
+// take leases t to the worker if it matches and there is room: the store
+// writes it leased, with its claimed event.
+func (r *Runtime) take(ctx context.Context, e *eagerClaim, t *store.Task, now time.Time) {
+	if len(e.taken) >= e.req.Max || !matchesType(e.req.Types, t.Type) || t.RunAt.After(now) {
+		return
+	}
+	if tt := r.taskType(ctx, t.Type); tt != nil && !tt.Enabled {
+		return
+	}
+	until := now.Add(e.req.Lease)
+	t.Status, t.Attempt, t.LeasedBy, t.LeaseToken, t.LeaseUntil = status.TaskLeased, 1, e.req.WorkerID, newLeaseToken(), &until
+	e.taken = append(e.taken, t)
+}
+
+func newLeaseToken() string { return rand.Text() }
+
+// matchesType applies claim patterns: exact types, or prefixes ending in %.
+func matchesType(patterns []string, typ string) bool {
+	if len(patterns) == 0 {
+		return true
+	}
+	for _, p := range patterns {
+		if prefix, ok := strings.CutSuffix(p, "%"); ok {
+			if strings.HasPrefix(typ, prefix) {
+				return true
+			}
+		} else if p == typ {
+			return true
+		}
+	}
+	return false
 }
 
 // FailTask records a failed attempt: retried with backoff while attempts
@@ -348,7 +450,7 @@ func (r *Runtime) FailTask(ctx context.Context, id, token, msg string, retryable
 		t := tx.Task()
 		maxAttempts, base := r.TaskDefaults(ctx, t)
 		if !retryable || t.Attempt >= maxAttempts {
-			return r.finishTask(ctx, tx, status.TaskFailed, nil, msg)
+			return r.finishTask(ctx, tx, status.TaskFailed, nil, msg, nil)
 		}
 		delay := TaskBackoff(t.Attempt, base, jitter)
 		// Microseconds, as stored, so the task returned equals the task read back.
@@ -374,7 +476,7 @@ func (r *Runtime) FailTask(ctx context.Context, id, token, msg string, retryable
 
 // finishTask moves a task to a terminal status and, for a workflow step,
 // records the step's outcome and advances the run.
-func (r *Runtime) finishTask(ctx context.Context, tx store.TaskTx, final string, result json.RawMessage, msg string) error {
+func (r *Runtime) finishTask(ctx context.Context, tx store.TaskTx, final string, result json.RawMessage, msg string, eager *eagerClaim) error {
 	now := tx.Now()
 	t := tx.Task()
 	t.Status, t.Result, t.LastError, t.FinishedAt = final, result, msg, &now
@@ -401,7 +503,7 @@ func (r *Runtime) finishTask(ctx context.Context, tx store.TaskTx, final string,
 	if s == nil || s.Status != status.StepRunning || status.RunTerminal(run.Run().Status) {
 		return nil
 	}
-	ch := &changes{now: now, runID: run.Run().ID}
+	ch := &changes{now: now, runID: run.Run().ID, eager: eager}
 	ch.touch(s)
 	s.Attempt, s.FinishedAt = t.Attempt, &now
 	switch final {
@@ -429,7 +531,7 @@ func (r *Runtime) CancelTask(ctx context.Context, id string) (*store.Task, error
 			return fmt.Errorf("task %s is %s: %w", id, t.Status, ErrTaskFinished)
 		}
 		t.CancelRequested = true
-		if err := r.finishTask(ctx, tx, status.TaskCancelled, nil, "task cancelled"); err != nil {
+		if err := r.finishTask(ctx, tx, status.TaskCancelled, nil, "task cancelled", nil); err != nil {
 			return err
 		}
 		out = tx.Task()

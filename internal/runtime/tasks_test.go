@@ -1081,3 +1081,111 @@ func TestConcurrentReportsBatched(t *testing.T) {
 		}
 	})
 }
+
+// TestCompleteTaskAndClaim: a completion hands the worker the tasks it
+// starts when their types match, leased and with a claimed event; others
+// stay pending for any claim; max bounds what is taken.
+func TestCompleteTaskAndClaim(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e *env) {
+		ctx := t.Context()
+		e.workflow(t, `{"name": "eager", "tasks": {
+			"a": {"task": {"type": "eager.a.v1"}},
+			"b1": {"needs": ["a"], "task": {"type": "eager.b.v1", "payload": {"from": "{{tasks.a.body.v}}"}}},
+			"b2": {"needs": ["a"], "task": {"type": "eager.b.v1"}},
+			"c": {"needs": ["a"], "task": {"type": "other.c.v1"}}}}`)
+		r := e.trigger(t, "eager", `{}`)
+		a := e.claimOne(t, "eager.%")
+		next := runtime.ClaimRequest{Types: []string{"eager.%"}, WorkerID: "w-eager", Lease: time.Minute, Max: 1}
+
+		_, got, err := e.rt.CompleteTaskAndClaim(ctx, a.ID, "wrong-token", json.RawMessage(`{"v": 1}`), next)
+		wantIs(t, err, runtime.ErrStaleLease, "CompleteTaskAndClaim with a stale token")
+		if len(got) != 0 {
+			t.Fatalf("a refused completion handed out %d tasks", len(got))
+		}
+
+		done, got, err := e.rt.CompleteTaskAndClaim(ctx, a.ID, a.LeaseToken, json.RawMessage(`{"v": 1}`), next)
+		must(t, err, "CompleteTaskAndClaim")
+		if done.Status != status.TaskSucceeded {
+			t.Errorf("completed task = %s, want succeeded", done.Status)
+		}
+		if len(got) != 1 {
+			t.Fatalf("handed %d tasks, want 1 (max 1; b1 and b2 match, c does not)", len(got))
+		}
+		k := got[0]
+		if k.RunID != r.ID || (k.Step != "b1" && k.Step != "b2") || k.Status != status.TaskLeased || k.Attempt != 1 ||
+			k.LeasedBy != "w-eager" || k.LeaseToken == "" || k.LeaseUntil == nil || !k.LeaseUntil.Equal(e.clk.Now().Add(time.Minute)) {
+			t.Fatalf("handed task = %+v, want a b step leased to w-eager for a minute", k)
+		}
+		stored := e.get(t, k.ID)
+		if stored.Status != status.TaskLeased || stored.LeaseToken != k.LeaseToken || stored.Attempt != 1 {
+			t.Errorf("stored handed task = {Status:%s Attempt:%d}, want leased attempt 1 with the handed token", stored.Status, stored.Attempt)
+		}
+		if got := types(e.events(t, k.ID)); got != "created,claimed" {
+			t.Errorf("handed task events = %s, want created,claimed", got)
+		}
+		if k.Step == "b1" && !jsonEq(t, k.Payload, []byte(`{"from":1}`)) {
+			t.Errorf("b1 payload = %s, want the rendered template", k.Payload)
+		}
+		// The other b and c were left for claims.
+		rest := e.claim(t, "eager.%", "other.%")
+		var steps []string
+		for _, x := range rest {
+			steps = append(steps, x.Step)
+		}
+		if len(rest) != 2 {
+			t.Fatalf("left for claims: %v, want the other b step and c", steps)
+		}
+		// The handed task is the worker's: it completes with its token.
+		_, err = e.rt.CompleteTask(ctx, k.ID, k.LeaseToken, nil)
+		must(t, err, "CompleteTask of the handed task")
+		for _, x := range rest {
+			_, err := e.rt.CompleteTask(ctx, x.ID, x.LeaseToken, nil)
+			must(t, err, "CompleteTask "+x.Step)
+		}
+		if run, _ := e.run(t, r.ID); run.Status != status.RunCompleted {
+			t.Errorf("run = %s, want completed", run.Status)
+		}
+	})
+}
+
+// TestCompleteTaskAndClaimDisabledType: a task of a disabled type is not
+// handed out eagerly, as a claim would not hand it out.
+func TestCompleteTaskAndClaimDisabledType(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e *env) {
+		ctx := t.Context()
+		e.workflow(t, `{"name": "eager2", "tasks": {"a": {"task": {"type": "eager.a.v1"}}, "b": {"needs": ["a"], "task": {"type": "eager.off.v1"}}}}`)
+		_, err := e.st.PutTaskType(ctx, &store.TaskType{Type: "eager.off.v1", Enabled: false})
+		must(t, err, "PutTaskType")
+		e.rt.TaskTypesChanged()
+		e.trigger(t, "eager2", `{}`)
+		a := e.claimOne(t, "eager.%")
+		_, got, err := e.rt.CompleteTaskAndClaim(ctx, a.ID, a.LeaseToken, nil, runtime.ClaimRequest{Types: []string{"eager.%"}, WorkerID: "w", Lease: time.Minute, Max: 5})
+		must(t, err, "CompleteTaskAndClaim")
+		if len(got) != 0 {
+			t.Fatalf("handed %d tasks of a disabled type", len(got))
+		}
+	})
+}
+
+func TestCheckClaim(t *testing.T) {
+	for _, c := range []struct {
+		req  runtime.ClaimRequest
+		path string
+	}{
+		{runtime.ClaimRequest{}, "types"},
+		{runtime.ClaimRequest{Types: []string{"a.%.b"}}, "types[0]"},
+		{runtime.ClaimRequest{Types: []string{"a.v1", ""}}, "types[1]"},
+		{runtime.ClaimRequest{Types: []string{"a.%"}, Lease: time.Millisecond}, "lease_seconds"},
+		{runtime.ClaimRequest{Types: []string{"a.%"}, Max: 101}, "max"},
+		{runtime.ClaimRequest{Types: []string{"a.%"}, Wait: 61 * time.Second}, "wait_seconds"},
+	} {
+		fe := runtime.CheckClaim(&c.req)
+		if fe == nil || fe.Path != c.path {
+			t.Errorf("CheckClaim(%+v) = %v, want an error at %s", c.req, fe, c.path)
+		}
+	}
+	req := runtime.ClaimRequest{Types: []string{"a.%"}}
+	if fe := runtime.CheckClaim(&req); fe != nil || req.Lease != 30*time.Second || req.Max != 1 || req.WorkerID != "anonymous" {
+		t.Errorf("CheckClaim defaults: %v %+v", fe, req)
+	}
+}

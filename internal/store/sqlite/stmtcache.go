@@ -42,8 +42,9 @@ import (
 // detector's sake, and is never held across a call into SQLite.
 
 // stmtCacheSize bounds the statements cached per connection. Ferry issues a
-// few dozen distinct statements; dynamic ones (list filters) can add more.
-const stmtCacheSize = 256
+// few dozen distinct statements; set-wise writes and IN lists add a few per
+// power-of-two size (see sqlstore.chunk), list filters some more.
+const stmtCacheSize = 512
 
 // cacheStats counts a connector's cache activity over all its connections.
 // Tests read it; it costs an atomic add per call.

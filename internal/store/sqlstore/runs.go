@@ -214,7 +214,8 @@ func (s *Store) runsByKey(ctx context.Context, nrs []*store.NewRun) (map[[2]stri
 	if len(args) == 0 {
 		return out, nil
 	}
-	rows, err := s.r.QueryContext(ctx, s.q(`SELECT id, workflow_id, idempotency_key FROM runs WHERE idempotency_key IN (`+placeholders(len(args))+`)`), args...)
+	ph, args := in(args)
+	rows, err := s.r.QueryContext(ctx, s.q(`SELECT id, workflow_id, idempotency_key FROM runs WHERE idempotency_key IN (`+ph+`)`), args...)
 	if err != nil {
 		return nil, err
 	}
@@ -232,13 +233,14 @@ func (s *Store) runsByKey(ctx context.Context, nrs []*store.NewRun) (map[[2]stri
 func (s *Store) runsByID(ctx context.Context, ids []string) (map[string]*store.Run, error) {
 	out := make(map[string]*store.Run, len(ids))
 	for len(ids) > 0 {
-		chunk := ids[:min(500, len(ids))]
-		ids = ids[len(chunk):]
-		args := make([]any, len(chunk))
-		for i, id := range chunk {
+		part := ids[:min(512, len(ids))]
+		ids = ids[len(part):]
+		args := make([]any, len(part))
+		for i, id := range part {
 			args[i] = id
 		}
-		rows, err := s.r.QueryContext(ctx, s.q(`SELECT `+runCols+` FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE r.id IN (`+placeholders(len(chunk))+`)`), args...)
+		ph, args := in(args)
+		rows, err := s.r.QueryContext(ctx, s.q(`SELECT `+runCols+` FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE r.id IN (`+ph+`)`), args...)
 		if err != nil {
 			return nil, err
 		}

@@ -57,12 +57,16 @@ func prepareTask(t *store.Task, now time.Time, n *note) {
 	}
 }
 
-// taskInsertArgs are a new task's taskCols and event_seq (1: its created
-// event).
+// taskInsertArgs are a new task's taskCols and event_seq (its created
+// event, and its claimed event when created leased).
 func taskInsertArgs(t *store.Task) []any {
+	seq := 1
+	if createdLeased(t) {
+		seq = 2
+	}
 	return []any{t.ID, t.Type, string(t.Payload), t.Status, t.Priority, ts(t.RunAt), nullStr(t.IdempotencyKey), t.Attempt, t.MaxAttempts, t.RetryDelay.Milliseconds(),
 		t.LeasedBy, nullStr(t.LeaseToken), tsPtr(t.LeaseUntil), t.Reclaimed, t.CancelRequested, t.LastError, nullJSON(t.Result), nullStr(t.RunID), t.Step,
-		ts(t.CreatedAt), ts(t.UpdatedAt), tsPtr(t.FinishedAt), 1}
+		ts(t.CreatedAt), ts(t.UpdatedAt), tsPtr(t.FinishedAt), seq}
 }
 
 func createdData(t *store.Task) string {
@@ -361,7 +365,8 @@ func (s *Store) taskRuns(ctx context.Context, ids []string) (map[string]string, 
 	for i, id := range ids {
 		args[i] = id
 	}
-	rows, err := s.r.QueryContext(ctx, s.q(`SELECT id, run_id FROM tasks WHERE id IN (`+placeholders(len(ids))+`)`), args...)
+	ph, args := in(args)
+	rows, err := s.r.QueryContext(ctx, s.q(`SELECT id, run_id FROM tasks WHERE id IN (`+ph+`)`), args...)
 	if err != nil {
 		return nil, err
 	}
@@ -399,8 +404,8 @@ func (s *Store) lockRuns(ctx context.Context, tx *sql.Tx, ids []string, now time
 	for i, id := range ids {
 		args[i] = id
 	}
-	in := placeholders(len(ids))
-	rows, err := tx.QueryContext(ctx, s.q(`SELECT `+runCols+`, r.event_seq FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE r.id IN (`+in+`) ORDER BY r.id`+lockOf(s.d.LockRun)), args...)
+	ph, args := in(args)
+	rows, err := tx.QueryContext(ctx, s.q(`SELECT `+runCols+`, r.event_seq FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE r.id IN (`+ph+`) ORDER BY r.id`+lockOf(s.d.LockRun)), args...)
 	if err != nil {
 		return nil, fmt.Errorf("lock runs: %w", err)
 	}
@@ -417,7 +422,7 @@ func (s *Store) lockRuns(ctx context.Context, tx *sql.Tx, ids []string, now time
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	rows, err = tx.QueryContext(ctx, s.q(`SELECT `+stepCols+` FROM step_runs WHERE run_id IN (`+in+`) ORDER BY run_id, position`), args...)
+	rows, err = tx.QueryContext(ctx, s.q(`SELECT `+stepCols+` FROM step_runs WHERE run_id IN (`+ph+`) ORDER BY run_id, position`), args...)
 	if err != nil {
 		return nil, err
 	}
@@ -447,7 +452,8 @@ func (s *Store) lockTasks(ctx context.Context, tx *sql.Tx, ids []string) (map[st
 	for i, id := range sorted {
 		args[i] = id
 	}
-	rows, err := tx.QueryContext(ctx, s.q(`SELECT `+taskCols+`, event_seq FROM tasks WHERE id IN (`+placeholders(len(ids))+`) ORDER BY id`+s.d.LockRun), args...)
+	ph, args := in(args)
+	rows, err := tx.QueryContext(ctx, s.q(`SELECT `+taskCols+`, event_seq FROM tasks WHERE id IN (`+ph+`) ORDER BY id`+s.d.LockRun), args...)
 	if err != nil {
 		return nil, fmt.Errorf("lock tasks: %w", err)
 	}

@@ -33,6 +33,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 			r.wg.Wait()
 			return nil
 		}
+		r.fireTimers(ctx)
 		free := cap(r.sem) - len(r.sem)
 		claimed := 0
 		if free > 0 {
@@ -131,47 +132,95 @@ func (r *Runtime) process(ctx context.Context, it *store.QueueItem) {
 
 // finishTimer completes a sleep or a webhook wait whose time came.
 func (r *Runtime) finishTimer(ctx context.Context, it *store.QueueItem, from, to, event, msg string) error {
-	now := r.clk.Now()
-	return r.st.InRun(ctx, it.RunID, now, func(tx store.RunTx) error {
+	return r.st.InRun(ctx, it.RunID, r.clk.Now(), func(tx store.RunTx) error {
 		if err := tx.Dequeue(it.ID, it.LeaseToken); err != nil {
 			return err
 		}
-		s := tx.Step(it.Step)
-		ch := &changes{now: now, runID: it.RunID}
-		if s != nil && s.Status == from && !status.RunTerminal(tx.Run().Status) {
-			s.Status, s.Error, s.FinishedAt = to, msg, &now
-			ch.touch(s)
-			ch.events = append(ch.events, store.NewEvent{Type: event, Step: s.Name})
-		}
-		return r.advance(ctx, tx, ch)
+		return r.timerTx(ctx, tx, it, from, to, event, msg)
 	})
 }
 
-func (r *Runtime) expireRun(ctx context.Context, it *store.QueueItem) error {
+func (r *Runtime) timerTx(ctx context.Context, tx store.RunTx, it *store.QueueItem, from, to, event, msg string) error {
 	now := r.clk.Now()
-	err := r.st.InRun(ctx, it.RunID, now, func(tx store.RunTx) error {
+	s := tx.Step(it.Step)
+	ch := &changes{now: now, runID: it.RunID}
+	if s != nil && s.Status == from && !status.RunTerminal(tx.Run().Status) {
+		s.Status, s.Error, s.FinishedAt = to, msg, &now
+		ch.touch(s)
+		ch.events = append(ch.events, store.NewEvent{Type: event, Step: s.Name})
+	}
+	return r.advance(ctx, tx, ch)
+}
+
+func (r *Runtime) expireRun(ctx context.Context, it *store.QueueItem) error {
+	err := r.st.InRun(ctx, it.RunID, r.clk.Now(), func(tx store.RunTx) error {
 		if err := tx.Dequeue(it.ID, it.LeaseToken); err != nil {
 			return err
 		}
-		run := tx.Run()
-		if status.RunTerminal(run.Status) {
-			return nil
-		}
-		ch := &changes{now: now, runID: run.ID, finished: true}
-		for _, s := range tx.Steps() {
-			if !status.StepTerminal(s.Status) {
-				s.Status, s.Error, s.FinishedAt = status.StepCancelled, "run exceeded max_duration", &now
-				ch.touch(s)
-			}
-		}
-		run.Status, run.Error, run.FinishedAt = status.RunTimeout, "run exceeded max_duration", &now
-		ch.events = append(ch.events, store.NewEvent{Type: "run_timeout"})
-		return r.flush(ctx, tx, run, ch)
+		return r.expireTx(ctx, tx)
 	})
 	if err == nil {
 		r.abortRun(it.RunID)
 	}
 	return err
+}
+
+func (r *Runtime) expireTx(ctx context.Context, tx store.RunTx) error {
+	now := r.clk.Now()
+	run := tx.Run()
+	if status.RunTerminal(run.Status) {
+		return nil
+	}
+	ch := &changes{now: now, runID: run.ID, finished: true, stopped: true}
+	for _, s := range tx.Steps() {
+		if !status.StepTerminal(s.Status) {
+			s.Status, s.Error, s.FinishedAt = status.StepCancelled, "run exceeded max_duration", &now
+			ch.touch(s)
+		}
+	}
+	run.Status, run.Error, run.FinishedAt = status.RunTimeout, "run exceeded max_duration", &now
+	ch.events = append(ch.events, store.NewEvent{Type: "run_timeout"})
+	return r.flush(ctx, tx, run, ch)
+}
+
+// fireTimerBatch is how many due timers go into one transaction.
+const fireTimerBatch = 1024
+
+// fireTimers applies every due wake-up, webhook timeout and run expiry,
+// many per transaction: they touch only the database, so they need no
+// lease and no goroutine each. A burst of wake-ups costs a transaction per
+// batch, not per run.
+func (r *Runtime) fireTimers(ctx context.Context) {
+	for ctx.Err() == nil {
+		var expired []string
+		n, errs, err := r.st.FireDue(ctx, r.clk.Now(), fireTimerBatch, r.cfg.Lease, func(it *store.QueueItem, tx store.RunTx) error {
+			switch it.Kind {
+			case store.KindWake:
+				return r.timerTx(ctx, tx, it, status.StepSleeping, status.StepSuccess, "step_succeeded", "")
+			case store.KindWaitTimeout:
+				return r.timerTx(ctx, tx, it, status.StepWaiting, status.StepTimeout, "step_timeout", "no callback before the timeout")
+			case store.KindRunExpire:
+				expired = append(expired, it.RunID)
+				return r.expireTx(ctx, tx)
+			}
+			return fmt.Errorf("unknown queue item kind %q", it.Kind)
+		})
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Error("firing due timers failed", "err", err)
+			}
+			return
+		}
+		for _, err := range errs {
+			r.log.Error("timer failed; retried after the lease", "err", err)
+		}
+		for _, id := range expired {
+			r.abortRun(id)
+		}
+		if n < fireTimerBatch {
+			return
+		}
+	}
 }
 
 func (r *Runtime) track(runID string, id int64, cancel context.CancelFunc) func() {

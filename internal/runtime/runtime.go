@@ -276,7 +276,11 @@ type changes struct {
 	tasks    []*store.Task
 	events   []store.NewEvent
 	finished bool
-	eager    *eagerClaim // a completing worker takes the tasks it starts
+	// stopped: the run ends with steps cut short (cancel, timeout), whose
+	// tasks must be cancelled. A run that ends because every step finished
+	// has no unfinished task: a task step finishes with its task.
+	stopped bool
+	eager   *eagerClaim // a completing worker takes the tasks it starts
 }
 
 func (c *changes) touch(s *store.StepRun) {
@@ -410,8 +414,10 @@ func (r *Runtime) flush(ctx context.Context, tx store.RunTx, run *store.Run, ch 
 		if err := tx.DropQueue(); err != nil {
 			return err
 		}
-		if err := tx.CancelTasks(); err != nil {
-			return err
+		if ch.stopped {
+			if err := tx.CancelTasks(); err != nil {
+				return err
+			}
 		}
 	} else {
 		if err := tx.Enqueue(ch.queue...); err != nil {
@@ -447,7 +453,7 @@ func (r *Runtime) Cancel(ctx context.Context, runID string) (*store.Run, error) 
 			}
 		}
 		run.Status, run.Error, run.FinishedAt = status.RunCancelled, "cancelled by request", &now
-		ch.finished = true
+		ch.finished, ch.stopped = true, true
 		ch.events = append(ch.events, store.NewEvent{Type: "run_cancelled"})
 		return r.flush(ctx, tx, run, ch)
 	})

@@ -224,6 +224,10 @@ type Store interface {
 	// ExtendLease moves a claimed item's lease end; ErrLeaseLost when the
 	// item is gone (done, or its run finished) or leased to someone else.
 	ExtendLease(ctx context.Context, id int64, leaseToken string, until time.Time) error
+	// FireDue applies up to max due timer items (wake, wait_timeout,
+	// run_expire) in one transaction, calling fn for each under its run's
+	// lock; see sqlstore.Store.FireDue.
+	FireDue(ctx context.Context, now time.Time, max int, lease time.Duration, fn func(it *QueueItem, tx RunTx) error) (taken int, errs []error, err error)
 	// NextDue is the earliest time a queue item becomes claimable.
 	NextDue(ctx context.Context) (time.Time, bool, error)
 	// Sweep deletes queue items of finished runs (they can do nothing).

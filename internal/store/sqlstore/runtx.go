@@ -206,6 +206,117 @@ func (s *Store) Claim(ctx context.Context, now time.Time, lease time.Duration, n
 	return out, nil
 }
 
+// FireDue takes up to max due timer items (wake, wait_timeout,
+// run_expire) and calls fn for each under its run's lock, all in one
+// transaction: a wake-up needs no lease, since nothing runs outside the
+// transaction. Runs are locked first, in id order, then the items (SKIP
+// LOCKED: another node's), the order of every run transaction. An item
+// whose fn succeeded is deleted; one whose fn failed is leased for lease,
+// so it is retried then and not at once. fn's failure drops only its own
+// writes. It returns how many items it took and the errors of the failed
+// ones.
+func (s *Store) FireDue(ctx context.Context, now time.Time, max int, lease time.Duration, fn func(it *store.QueueItem, tx store.RunTx) error) (int, []error, error) {
+	const timers = `kind IN ('` + store.KindWake + `', '` + store.KindWaitTimeout + `', '` + store.KindRunExpire + `') AND due_at <= ? AND (lease_until IS NULL OR lease_until <= ?)`
+	// Candidates are read outside the transaction; the locks below decide.
+	rows, err := s.r.QueryContext(ctx, s.q(`SELECT run_id FROM queue WHERE `+timers+` ORDER BY due_at, id LIMIT ?`), ts(now), ts(now), max)
+	if err != nil {
+		return 0, nil, err
+	}
+	var runIDs []string
+	seen := map[string]bool{}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return 0, nil, err
+		}
+		if !seen[id] {
+			seen[id] = true
+			runIDs = append(runIDs, id)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil || len(runIDs) == 0 {
+		return 0, nil, err
+	}
+	sort.Strings(runIDs)
+	var cs *changeset
+	var taken int
+	var errs []error
+	err = s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		cs, taken, errs = &changeset{}, 0, nil
+		runs, err := s.lockRuns(ctx, tx, runIDs, now)
+		if err != nil {
+			return err
+		}
+		ids := make([]any, len(runIDs))
+		for i, id := range runIDs {
+			ids[i] = id
+		}
+		ph, ids := in(ids)
+		rows, err := tx.QueryContext(ctx, s.q(`SELECT id, kind, run_id, step, attempt, due_at FROM queue WHERE run_id IN (`+ph+`) AND `+timers+` ORDER BY due_at, id`+s.d.SkipLocked), append(ids, ts(now), ts(now))...)
+		if err != nil {
+			return fmt.Errorf("lock due items: %w", err)
+		}
+		var items []*store.QueueItem
+		for rows.Next() {
+			var it store.QueueItem
+			var due int64
+			if err := rows.Scan(&it.ID, &it.Kind, &it.RunID, &it.Step, &it.Attempt, &due); err != nil {
+				rows.Close()
+				return err
+			}
+			it.DueAt = fromTS(due)
+			items = append(items, &it)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		var done, failed []any
+		for _, it := range items {
+			rt := runs[it.RunID]
+			if rt == nil {
+				done = append(done, it.ID) // its run is gone: nothing to do
+				continue
+			}
+			snap := rt.snapshot()
+			sub := &changeset{}
+			rt.cs = sub
+			if err := fn(it, rt); err != nil {
+				rt.restore(snap)
+				errs = append(errs, fmt.Errorf("queue item %d (%s of run %s): %w", it.ID, it.Kind, it.RunID, err))
+				failed = append(failed, it.ID)
+				continue
+			}
+			cs.merge(sub)
+			done = append(done, it.ID)
+		}
+		taken = len(items)
+		if err := s.flush(ctx, tx, cs); err != nil {
+			return err
+		}
+		if len(done) > 0 {
+			ph, done := in(done)
+			if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM queue WHERE id IN (`+ph+`)`), done...); err != nil {
+				return fmt.Errorf("delete fired items: %w", err)
+			}
+		}
+		if len(failed) > 0 {
+			ph, failed := in(failed)
+			if _, err := tx.ExecContext(ctx, s.q(`UPDATE queue SET lease_token = ?, lease_until = ? WHERE id IN (`+ph+`)`), append([]any{token(), ts(now.Add(lease))}, failed...)...); err != nil {
+				return fmt.Errorf("hold failed items: %w", err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	s.committed(&cs.note)
+	return taken, errs, nil
+}
+
 // NextDue is the earliest moment an item becomes claimable: its due time,
 // or the end of its lease when leased.
 func (s *Store) NextDue(ctx context.Context) (time.Time, bool, error) {

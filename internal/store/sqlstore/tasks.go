@@ -157,10 +157,14 @@ func (s *Store) typeFilter(patterns []string) (string, []any) {
 	return "(" + strings.Join(parts, " OR ") + ")", args
 }
 
-const claimableTasks = `((status = 'pending' AND run_at <= ?) OR (status = 'leased' AND lease_until <= ?))
-	AND type NOT IN (SELECT type FROM task_types WHERE enabled = FALSE)`
+// notDisabled leaves out the tasks of disabled types.
+const notDisabled = `type NOT IN (SELECT type FROM task_types WHERE enabled = FALSE)`
 
-// ClaimTasks leases tasks in one statement and records the events.
+// ClaimTasks leases tasks and records the events. Ready tasks are found by
+// two index walks, due pending tasks in claim order and leases that ran
+// out, each stopping at req.Max, and merged here: one query with an OR of
+// both made the databases read every pending and leased task and sort them
+// on each claim, a cost that grew with the backlog.
 func (s *Store) ClaimTasks(ctx context.Context, req store.ClaimTasks) ([]*store.Task, error) {
 	if req.Max <= 0 {
 		return nil, nil
@@ -169,20 +173,46 @@ func (s *Store) ClaimTasks(ctx context.Context, req store.ClaimTasks) ([]*store.
 	tok := token()
 	until := req.Now.Add(req.Lease)
 	now := ts(req.Now)
-	args := []any{req.WorkerID, tok, ts(until), now}
-	args = append(args, now, now)
-	args = append(args, fargs...)
-	args = append(args, req.Max)
 	var out []*store.Task
 	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		out = out[:0]
+		var cands []claimCand
+		for _, cond := range []string{`status = 'pending' AND run_at <= ?`, `status = 'leased' AND lease_until <= ?`} {
+			args := append(append([]any{now}, fargs...), req.Max)
+			rows, err := tx.QueryContext(ctx, s.q(`SELECT id, priority, run_at, created_at FROM tasks WHERE `+cond+` AND `+filter+` AND `+notDisabled+`
+				ORDER BY priority, run_at, created_at LIMIT ?`+s.d.SkipLocked), args...)
+			if err != nil {
+				return fmt.Errorf("claim tasks: %w", err)
+			}
+			for rows.Next() {
+				var c claimCand
+				if err := rows.Scan(&c.id, &c.priority, &c.runAt, &c.created); err != nil {
+					rows.Close()
+					return err
+				}
+				cands = append(cands, c)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+		}
+		if len(cands) == 0 {
+			return nil
+		}
+		sort.Slice(cands, func(i, j int) bool { return cands[i].less(cands[j]) })
+		cands = cands[:min(len(cands), req.Max)]
+		ids := make([]any, len(cands))
+		for i, c := range cands {
+			ids[i] = c.id
+		}
+		ph, ids := in(ids)
 		rows, err := tx.QueryContext(ctx, s.q(`UPDATE tasks SET
 			reclaimed = (status = 'leased'),
 			status = 'leased', leased_by = ?, lease_token = ?, lease_until = ?, attempt = attempt + 1, updated_at = ?,
 			event_seq = event_seq + CASE WHEN status = 'leased' THEN 2 ELSE 1 END
-		WHERE id IN (SELECT id FROM tasks WHERE `+claimableTasks+` AND `+filter+`
-			ORDER BY priority, run_at, created_at LIMIT ?`+s.d.SkipLocked+`)
-		RETURNING `+taskCols+`, event_seq`), args...)
+		WHERE id IN (`+ph+`)
+		RETURNING `+taskCols+`, event_seq`), append([]any{req.WorkerID, tok, ts(until), now}, ids...)...)
 		if err != nil {
 			return fmt.Errorf("claim tasks: %w", err)
 		}
@@ -237,6 +267,22 @@ func (s *Store) ClaimTasks(ctx context.Context, req store.ClaimTasks) ([]*store.
 		return a.CreatedAt.Before(b.CreatedAt)
 	})
 	return out, nil
+}
+
+type claimCand struct {
+	id             string
+	priority       int
+	runAt, created int64
+}
+
+func (c claimCand) less(o claimCand) bool {
+	if c.priority != o.priority {
+		return c.priority < o.priority
+	}
+	if c.runAt != o.runAt {
+		return c.runAt < o.runAt
+	}
+	return c.created < o.created
 }
 
 // scanTail scans a task followed by extra columns.

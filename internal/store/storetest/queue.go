@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -19,6 +20,70 @@ var queueTests = []test{
 	{"ConcurrentClaimsExactlyOnce", testClaimConcurrent},
 	{"DropQueueOnlyThatRun", testDropQueue},
 	{"SweepTerminalRuns", testSweep},
+	{"FireDueTimers", testFireDue},
+}
+
+// testFireDue: due timers of several runs are applied in one call; HTTP
+// items and timers not yet due are left; a failing item keeps its row,
+// leased, and its writes are dropped.
+func testFireDue(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	wake := func(d time.Duration) store.QueueItem {
+		return store.QueueItem{Kind: store.KindWake, Step: "b", DueAt: at(d)}
+	}
+	r1 := mkSimpleRun(t, s, wf, wake(time.Second))
+	r2 := mkSimpleRun(t, s, wf, wake(2*time.Second), store.QueueItem{Kind: store.KindHTTP, Step: "a", DueAt: t0})
+	r3 := mkSimpleRun(t, s, wf, wake(time.Hour))
+	bad := mkSimpleRun(t, s, wf, store.QueueItem{Kind: store.KindRunExpire, DueAt: at(time.Second)})
+	boom := errors.New("boom")
+	var fired []string
+	n, errs, err := s.FireDue(ctx, at(5*time.Second), 10, time.Minute, func(it *store.QueueItem, tx store.RunTx) error {
+		fired = append(fired, it.RunID+":"+it.Kind)
+		st := tx.Step("b")
+		st.Status = status.StepSuccess
+		if err := tx.UpdateStep(st); err != nil {
+			return err
+		}
+		if err := tx.Append(store.NewEvent{Type: "step_succeeded", Step: "b"}); err != nil {
+			return err
+		}
+		if it.RunID == bad.ID {
+			return boom
+		}
+		return nil
+	})
+	must(t, err, "FireDue")
+	if n != 3 || len(errs) != 1 || !errors.Is(errs[0], boom) {
+		t.Fatalf("FireDue took %d items with errors %v, want 3 and one boom", n, errs)
+	}
+	sort.Strings(fired)
+	want := []string{r1.ID + ":wake", r2.ID + ":wake", bad.ID + ":run_expire"}
+	sort.Strings(want)
+	diff(t, "fired", want, fired)
+	for id, wantStatus := range map[string]string{r1.ID: status.StepSuccess, r2.ID: status.StepSuccess, r3.ID: status.StepPending, bad.ID: status.StepPending} {
+		_, steps := getRun(t, s, id)
+		if st := stepNamed(t, steps, "b"); st.Status != wantStatus {
+			t.Errorf("run %s step b = %s, want %s", id, st.Status, wantStatus)
+		}
+	}
+	if evs := events(t, s, bad.ID); len(evs) != 0 {
+		t.Errorf("the failed item's events were written: %v", eventTypes(evs))
+	}
+	// The failed item was leased for a minute: not due again before then.
+	none := func(*store.QueueItem, store.RunTx) error { return nil }
+	n, _, err = s.FireDue(ctx, at(30*time.Second), 10, time.Minute, none)
+	must(t, err, "FireDue within the lease")
+	if n != 0 {
+		t.Errorf("FireDue within the failed item's lease took %d items, want 0", n)
+	}
+	// Left: r2's HTTP item, r3's later wake and the failed item.
+	left := claimAll(t, s, far)
+	kinds := map[string]string{}
+	for _, it := range left {
+		kinds[it.RunID] = it.Kind
+	}
+	diff(t, "items left", map[string]string{r2.ID: store.KindHTTP, r3.ID: store.KindWake, bad.ID: store.KindRunExpire}, kinds)
 }
 
 func dueTimes(items []*store.QueueItem) []time.Time {

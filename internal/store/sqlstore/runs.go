@@ -166,7 +166,7 @@ func (s *Store) CreateRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 			return nil, fmt.Errorf("create runs: %w", err)
 		}
 		if cs != nil && len(todo) > 0 {
-			s.committed(&cs.note)
+			s.committed(cs)
 		}
 		for _, i := range todo {
 			res[i] = store.CreateResult{Run: &store.Run{ID: nrs[i].Run.ID}, Created: true}

@@ -28,7 +28,7 @@ func (s *Store) InRun(ctx context.Context, runID string, now time.Time, fn func(
 		return s.flush(ctx, tx, cs)
 	})
 	if err == nil {
-		s.committed(&cs.note)
+		s.committed(cs)
 	}
 	return err
 }
@@ -313,7 +313,7 @@ func (s *Store) FireDue(ctx context.Context, now time.Time, max int, lease time.
 	if err != nil {
 		return 0, nil, err
 	}
-	s.committed(&cs.note)
+	s.committed(cs)
 	return taken, errs, nil
 }
 

@@ -7,8 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -31,6 +33,9 @@ type Dialect struct {
 	IsUnique func(error) bool
 	// MigrationLock/Unlock serialise concurrent migrators (Postgres).
 	MigrationLock, MigrationUnlock string
+	// Analyze, when set, refreshes the planner's statistics of the hot
+	// tables (see Store.grew).
+	Analyze string
 	// Pipeline, when set, makes a transaction's writes go out together at
 	// its end, as one multi-statement Exec whose first argument is this
 	// value (pgx.QueryExecModeSimpleProtocol). See wbuf.
@@ -46,6 +51,11 @@ type Store struct {
 	closers []func() error
 	group   *groupCommit // SQLite: one writer applying requests in groups
 	hook    atomic.Pointer[func(store.Committed)]
+
+	written    atomic.Int64 // rows this server wrote
+	analyzedAt atomic.Int64 // written at the last ANALYZE
+	analyzing  atomic.Bool
+	bg         sync.WaitGroup
 }
 
 // OnCommit registers fn to learn what each committed write made ready.
@@ -60,14 +70,48 @@ func (n *note) queued(due time.Time) {
 	}
 }
 
-// committed tells the hook about a write that has committed.
-func (s *Store) committed(n *note) {
+// committed tells the hook about a write that has committed, and keeps
+// the planner's statistics in step with the tables' growth.
+func (s *Store) committed(cs *changeset) {
+	s.grew(len(cs.newRuns) + len(cs.newSteps) + len(cs.newTasks) + len(cs.events))
+	n := &cs.note
 	if n.c.QueueDue.IsZero() && !n.c.Tasks {
 		return
 	}
 	if fn := s.hook.Load(); fn != nil {
 		(*fn)(n.c)
 	}
+}
+
+// analyzeFloor is the fewest new rows that make a fresh ANALYZE worth it.
+const analyzeFloor = 2000
+
+// grew counts rows this server wrote and, once they at least double what
+// the last ANALYZE saw (and number analyzeFloor or more), analyzes the hot
+// tables in the background. Postgres's autovacuum looks only once a minute:
+// a fresh database filled in seconds kept the statistics of its empty
+// tables, and the planner sorted whole tables where an index walk would do
+// (a claim took 8 ms instead of a fraction of one).
+func (s *Store) grew(n int) {
+	if s.d.Analyze == "" || n == 0 {
+		return
+	}
+	total := s.written.Add(int64(n))
+	last := s.analyzedAt.Load()
+	if total-last < max(analyzeFloor, last) || !s.analyzing.CompareAndSwap(false, true) {
+		return
+	}
+	s.analyzedAt.Store(total)
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		defer s.analyzing.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := s.w.ExecContext(ctx, s.d.Analyze); err != nil {
+			slog.Warn("refreshing planner statistics failed", "err", err)
+		}
+	}()
 }
 
 // New builds a Store from a writer and a reader pool (they may be the same).
@@ -91,6 +135,7 @@ func (s *Store) EnableGroupCommit(max int) {
 
 // Close closes the pools and any extra resources.
 func (s *Store) Close() error {
+	s.bg.Wait()
 	if s.group != nil {
 		s.group.close()
 	}

@@ -102,7 +102,7 @@ func (s *Store) CreateTask(ctx context.Context, t *store.Task, now time.Time) (*
 		return nil
 	})
 	if err == nil {
-		s.committed(&cs.note)
+		s.committed(cs)
 	}
 	if errors.Is(err, errExisting) {
 		existing, err := s.taskByKey(ctx, t.IdempotencyKey)
@@ -400,7 +400,7 @@ func (s *Store) InTasks(ctx context.Context, ids []string, now time.Time, fn fun
 	if err != nil {
 		return nil, err
 	}
-	s.committed(&cs.note)
+	s.committed(cs)
 	return errs, nil
 }
 
@@ -590,7 +590,7 @@ func (s *Store) PutTaskType(ctx context.Context, tt *store.TaskType) (*store.Tas
 	}
 	if tt.Enabled {
 		// Waiting tasks of a re-enabled type are claimable now.
-		s.committed(&note{c: store.Committed{Tasks: true}})
+		s.committed(&changeset{note: note{c: store.Committed{Tasks: true}}})
 	}
 	return s.GetTaskType(ctx, tt.Type)
 }

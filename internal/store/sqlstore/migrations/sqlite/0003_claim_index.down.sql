@@ -1,0 +1,1 @@
+CREATE INDEX tasks_type ON tasks(type);

@@ -177,10 +177,14 @@ func (s *Store) ClaimTasks(ctx context.Context, req store.ClaimTasks) ([]*store.
 	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		out = out[:0]
 		var cands []claimCand
-		for _, cond := range []string{`status = 'pending' AND run_at <= ?`, `status = 'leased' AND lease_until <= ?`} {
+		for _, walk := range []string{
+			`status = 'pending' AND run_at <= ? AND ` + filter + ` AND ` + notDisabled + ` ORDER BY priority, run_at, created_at`,
+			// Leases that ran out: found through tasks_lease, which
+			// holds only leased tasks, then sorted (they are few).
+			`status = 'leased' AND lease_until <= ? AND ` + filter + ` AND ` + notDisabled + ` ORDER BY priority, run_at, created_at`,
+		} {
 			args := append(append([]any{now}, fargs...), req.Max)
-			rows, err := tx.QueryContext(ctx, s.q(`SELECT id, priority, run_at, created_at FROM tasks WHERE `+cond+` AND `+filter+` AND `+notDisabled+`
-				ORDER BY priority, run_at, created_at LIMIT ?`+s.d.SkipLocked), args...)
+			rows, err := tx.QueryContext(ctx, s.q(`SELECT id, priority, run_at, created_at FROM tasks WHERE `+walk+` LIMIT ?`+s.d.SkipLocked), args...)
 			if err != nil {
 				return fmt.Errorf("claim tasks: %w", err)
 			}

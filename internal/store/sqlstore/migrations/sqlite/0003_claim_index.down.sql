@@ -1,1 +1,2 @@
+DROP INDEX tasks_lease;
 CREATE INDEX tasks_type ON tasks(type);

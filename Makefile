@@ -32,6 +32,6 @@ fuzz:
 BENCH_PG ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 bench:
 	$(GO) build -o bin/ferry ./cmd/ferry
-	./bin/ferry bench --workload all --database sqlite --json > bench/results.jsonl
-	./bin/ferry bench --workload all --database '$(BENCH_PG)' --json >> bench/results.jsonl
+	./bin/ferry bench --workload all --repeat 3 --database sqlite --json > bench/results.jsonl
+	./bin/ferry bench --workload all --repeat 3 --database '$(BENCH_PG)' --json >> bench/results.jsonl
 	cat bench/results.jsonl

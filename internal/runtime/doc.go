@@ -1,10 +1,12 @@
 // Package runtime is Ferry's imperative shell around the pure engine: it
-// triggers runs, applies the engine's decisions in one transaction per event
-// (under the run's lock), and runs the dispatcher that claims due queue items
-// (HTTP attempts, sleep wake-ups, webhook timeouts, run expiry), executes
-// them and records their outcome. It sleeps until the earliest due item and
-// is woken at once by local enqueues and by other nodes (Postgres NOTIFY); a
-// slow safety-net tick covers lost wake-ups.
+// triggers runs, applies the engine's decisions transactionally under the
+// run's lock (reports and triggers that arrive together share one
+// transaction, each still answered on its own: batch.go), and runs the
+// dispatcher: it fires due timers (sleep wake-ups, webhook timeouts, run
+// expiry) many per transaction, and claims due HTTP attempts, executes them
+// and records their outcome. It sleeps until the earliest due item and is
+// woken after commits that queue earlier work, locally or from other nodes
+// (Postgres NOTIFY); a slow safety-net tick covers lost wake-ups.
 //
 // It imports the engine, spec, expr, store, clock, status and step packages;
 // it must not import api, cli or web.

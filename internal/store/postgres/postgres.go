@@ -72,7 +72,6 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 		IsUnique:        isUnique,
 		MigrationLock:   "SELECT pg_advisory_lock(7244917)",
 		MigrationUnlock: "SELECT pg_advisory_unlock(7244917)",
-		Pipeline:        pgx.QueryExecModeSimpleProtocol,
 		Analyze:         "ANALYZE runs, step_runs, tasks, queue, events",
 	}, db, db)
 	st := &Store{Store: s, dsn: dsn, node: rand.Text(), pub: make(chan struct{}, 1), stop: make(chan struct{})}

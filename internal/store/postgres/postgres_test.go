@@ -239,3 +239,50 @@ func TestMaxConnsOption(t *testing.T) {
 		t.Errorf("default max open connections = %d, want %d", got, postgres.DefaultMaxConns)
 	}
 }
+
+// TestStatisticsRefreshedAsTablesGrow: once a server has written a few
+// thousand rows into fresh tables it analyzes them itself, without waiting
+// for autovacuum's next look.
+func TestStatisticsRefreshedAsTablesGrow(t *testing.T) {
+	s := openDSN(t, pgtest.DSN(t))
+	if err := s.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	analyzed := func() bool {
+		var n int
+		err := s.DB().QueryRowContext(t.Context(), `SELECT COUNT(*) FROM pg_stat_user_tables
+			WHERE schemaname = current_schema() AND relname = 'tasks' AND (last_analyze IS NOT NULL OR last_autoanalyze IS NOT NULL)`).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	}
+	if analyzed() {
+		t.Fatal("tasks was analyzed before anything was written")
+	}
+	wf, err := s.CreateWorkflow(t.Context(), &store.Workflow{Name: "wf", Fingerprint: "f", Definition: json.RawMessage(`{}`), Enabled: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	var nrs []*store.NewRun
+	for range 700 { // a run, a step, a task and its event each: 2,800 rows
+		nrs = append(nrs, &store.NewRun{
+			Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), StartedAt: now, ExpiresAt: now.Add(time.Hour)},
+			Steps: []*store.StepRun{{Name: "a", Type: "task", Status: status.StepRunning}},
+			Tasks: []*store.Task{{Type: "stats.x.v1", Payload: json.RawMessage(`{}`), Priority: 100, RunAt: now, Step: "a"}},
+		})
+	}
+	if _, err := s.CreateRuns(t.Context(), nrs, now); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !analyzed() {
+		if time.Now().After(deadline) {
+			t.Fatal("tasks was not analyzed within 30s of 2,800 rows written")
+		}
+		<-tick.C
+	}
+}

@@ -271,9 +271,8 @@ var (
 // before a finished run's unfinished tasks are cancelled, so the task this
 // transaction finished is not among them.
 func (s *Store) flush(ctx context.Context, tx *sql.Tx, c *changeset) error {
-	w := s.newWbuf(tx)
 	if len(c.newRuns) > 0 {
-		if err := s.insertRows(ctx, w, "runs", "id, workflow_id, version, status, input, trigger_headers, idempotency_key, error, event_seq, expires_at, started_at, finished_at, updated_at", 13, c.newRuns); err != nil {
+		if err := s.insertRows(ctx, tx, "runs", "id, workflow_id, version, status, input, trigger_headers, idempotency_key, error, event_seq, expires_at, started_at, finished_at, updated_at", 13, c.newRuns); err != nil {
 			return err
 		}
 	}
@@ -282,7 +281,7 @@ func (s *Store) flush(ctx context.Context, tx *sql.Tx, c *changeset) error {
 		for _, st := range c.newSteps {
 			rows = append(rows, append([]any{st.RunID, st.Name, st.Position, st.Type}, stepArgs(st)...))
 		}
-		if err := s.insertRows(ctx, w, "step_runs", stepCols, 18, rows); err != nil {
+		if err := s.insertRows(ctx, tx, "step_runs", stepCols, 18, rows); err != nil {
 			return err
 		}
 	}
@@ -291,7 +290,7 @@ func (s *Store) flush(ctx context.Context, tx *sql.Tx, c *changeset) error {
 		for _, t := range c.newTasks {
 			rows = append(rows, taskInsertArgs(t))
 		}
-		if err := s.insertRows(ctx, w, "tasks", taskCols+", event_seq", 23, rows); err != nil {
+		if err := s.insertRows(ctx, tx, "tasks", taskCols+", event_seq", 23, rows); err != nil {
 			return err
 		}
 	}
@@ -301,7 +300,7 @@ func (s *Store) flush(ctx context.Context, tx *sql.Tx, c *changeset) error {
 			k := t.task
 			rows = append(rows, []any{k.ID, k.Status, ts(k.RunAt), k.Attempt, k.LeasedBy, nullStr(k.LeaseToken), tsPtr(k.LeaseUntil), k.Reclaimed, k.CancelRequested, k.LastError, nullJSON(k.Result), ts(k.UpdatedAt), tsPtr(k.FinishedAt), t.seq})
 		}
-		if err := s.updateRows(ctx, w, "tasks", []string{"id"}, taskSet, taskTypes, rows); err != nil {
+		if err := s.updateRows(ctx, tx, "tasks", []string{"id"}, taskSet, taskTypes, rows); err != nil {
 			return err
 		}
 	}
@@ -310,7 +309,7 @@ func (s *Store) flush(ctx context.Context, tx *sql.Tx, c *changeset) error {
 		for _, st := range c.steps {
 			rows = append(rows, append([]any{st.RunID, st.Name}, stepArgs(st)...))
 		}
-		if err := s.updateRows(ctx, w, "step_runs", []string{"run_id", "name"}, stepSet, stepTypes, rows); err != nil {
+		if err := s.updateRows(ctx, tx, "step_runs", []string{"run_id", "name"}, stepSet, stepTypes, rows); err != nil {
 			return err
 		}
 	}
@@ -319,7 +318,7 @@ func (s *Store) flush(ctx context.Context, tx *sql.Tx, c *changeset) error {
 		for _, r := range c.runs {
 			rows = append(rows, []any{r.run.ID, r.run.Status, r.run.Error, tsPtr(r.run.FinishedAt), ts(r.updatedAt), r.seq})
 		}
-		if err := s.updateRows(ctx, w, "runs", []string{"id"}, runSet, runTypes, rows); err != nil {
+		if err := s.updateRows(ctx, tx, "runs", []string{"id"}, runSet, runTypes, rows); err != nil {
 			return err
 		}
 	}
@@ -329,7 +328,7 @@ func (s *Store) flush(ctx context.Context, tx *sql.Tx, c *changeset) error {
 			args[i] = id
 		}
 		ph, args := in(args)
-		if _, err := w.ExecContext(ctx, s.q(`DELETE FROM queue WHERE run_id IN (`+ph+`)`), args...); err != nil {
+		if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM queue WHERE run_id IN (`+ph+`)`), args...); err != nil {
 			return fmt.Errorf("drop queue: %w", err)
 		}
 	}
@@ -338,14 +337,11 @@ func (s *Store) flush(ctx context.Context, tx *sql.Tx, c *changeset) error {
 		for _, it := range c.queue {
 			rows = append(rows, []any{it.Kind, it.RunID, it.Step, it.Attempt, ts(it.DueAt)})
 		}
-		if err := s.insertRows(ctx, w, "queue", "kind, run_id, step, attempt, due_at", 5, rows); err != nil {
+		if err := s.insertRows(ctx, tx, "queue", "kind, run_id, step, attempt, due_at", 5, rows); err != nil {
 			return err
 		}
 	}
 	if len(c.cancel) > 0 {
-		if err := w.flush(ctx); err != nil {
-			return err
-		}
 		if err := s.cancelTasks(ctx, tx, c); err != nil {
 			return err
 		}
@@ -355,11 +351,11 @@ func (s *Store) flush(ctx context.Context, tx *sql.Tx, c *changeset) error {
 		for _, e := range c.events {
 			rows = append(rows, []any{e.owner, e.seq, e.typ, e.step, e.data, e.at})
 		}
-		if err := s.insertRows(ctx, w, "events", "run_id, seq, type, step, data, at", 6, rows); err != nil {
+		if err := s.insertRows(ctx, tx, "events", "run_id, seq, type, step, data, at", 6, rows); err != nil {
 			return err
 		}
 	}
-	return w.flush(ctx)
+	return nil
 }
 
 // cancelTasks cancels the unfinished tasks of the finished runs in c and

@@ -2,7 +2,9 @@
 // SQLite and Postgres backends. The two differ only in a Dialect (placeholder
 // style, row locking, SKIP LOCKED, error classification) and their embedded
 // migrations; everything else is one code path, so both backends behave the
-// same and one conformance suite covers both.
+// same and one conformance suite covers both. Transactions record their
+// writes as a changeset and write it set-wise at the end (changes.go), so a
+// batch of many runs costs a few statements.
 //
 // It imports internal/store and the standard library; it must not import the
 // engine, runtime or api packages, nor a database driver (the sqlite and

@@ -80,8 +80,7 @@ func stepArgs(s *store.StepRun) []any {
 	}
 	var body any
 	if s.Body != nil {
-		// Plain bytes: a json.RawMessage would be sent as JSON text,
-		// not as bytea, in a pipelined (simple-protocol) write.
+		// Plain bytes: pgx sends a json.RawMessage as JSON, not bytea.
 		body = []byte(s.Body)
 	}
 	return []any{s.Status, s.Attempt, nullStr(s.CallbackToken), code, dur, request, body, headers, s.Truncated, s.Blocked, s.Error, tsPtr(s.WakeAt), tsPtr(s.StartedAt), tsPtr(s.FinishedAt)}

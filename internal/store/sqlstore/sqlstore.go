@@ -36,10 +36,6 @@ type Dialect struct {
 	// Analyze, when set, refreshes the planner's statistics of the hot
 	// tables (see Store.grew).
 	Analyze string
-	// Pipeline, when set, makes a transaction's writes go out together at
-	// its end, as one multi-statement Exec whose first argument is this
-	// value (pgx.QueryExecModeSimpleProtocol). See wbuf.
-	Pipeline any
 }
 
 // Store implements store.Store over database/sql.

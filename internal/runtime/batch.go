@@ -26,7 +26,8 @@ var errClosed = errors.New("runtime closed")
 // request is one write waiting for its batch.
 type request interface {
 	context() context.Context
-	finish() // answers the caller
+	fail(err error) // sets the caller's error
+	finish()        // answers the caller
 }
 
 type batcher[R request] struct {
@@ -35,6 +36,10 @@ type batcher[R request] struct {
 	once  sync.Once
 	wg    *sync.WaitGroup
 	stop  <-chan struct{}
+	// mu orders submissions before shutting: a request sent before shut
+	// is in reqs when the lanes see stop, and they drain it.
+	mu     sync.RWMutex
+	closed bool
 }
 
 func newBatcher[R request](stop <-chan struct{}, wg *sync.WaitGroup, apply func([]R) []R) *batcher[R] {
@@ -45,7 +50,12 @@ func newBatcher[R request](stop <-chan struct{}, wg *sync.WaitGroup, apply func(
 // once q is submitted: q may be in a transaction already, and the caller
 // must learn whether it committed.
 func (b *batcher[R]) do(q R, done <-chan struct{}) error {
-	b.once.Do(func() {
+	b.mu.RLock()
+	if b.closed {
+		b.mu.RUnlock()
+		return errClosed
+	}
+	b.once.Do(func() { // under the read lock: before any Close waits
 		for range batchLanes {
 			b.wg.Add(1)
 			go b.loop()
@@ -54,12 +64,19 @@ func (b *batcher[R]) do(q R, done <-chan struct{}) error {
 	select {
 	case b.reqs <- q:
 	case <-q.context().Done():
+		b.mu.RUnlock()
 		return q.context().Err()
-	case <-b.stop:
-		return errClosed
 	}
+	b.mu.RUnlock()
 	<-done
 	return nil
+}
+
+// shut refuses new requests; the lanes drain the rest once stop closes.
+func (b *batcher[R]) shut() {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
 }
 
 func (b *batcher[R]) loop() {
@@ -73,6 +90,7 @@ func (b *batcher[R]) loop() {
 			case q := <-b.reqs:
 				batch = append(batch, q)
 			case <-b.stop:
+				b.drain()
 				return
 			}
 		}
@@ -89,9 +107,27 @@ func (b *batcher[R]) loop() {
 	}
 }
 
+// drain answers what is still queued when the runtime closes: nothing will
+// write it.
+func (b *batcher[R]) drain() {
+	for {
+		select {
+		case q := <-b.reqs:
+			q.fail(errClosed)
+			q.finish()
+		default:
+			return
+		}
+	}
+}
+
 // Close stops the batchers after the batches in flight; the store is closed
 // by its owner afterwards.
 func (r *Runtime) Close() {
-	r.closeOnce.Do(func() { close(r.closed) })
+	r.closeOnce.Do(func() {
+		r.reports.shut()
+		r.triggers.shut()
+		close(r.closed)
+	})
 	r.batchWG.Wait()
 }

@@ -20,6 +20,7 @@ type reportReq struct {
 }
 
 func (q *reportReq) context() context.Context { return q.ctx }
+func (q *reportReq) fail(err error)           { q.err, q.out = err, nil }
 func (q *reportReq) finish()                  { close(q.done) }
 
 // reportTask runs a worker's report under the task's lock after checking

@@ -242,6 +242,7 @@ type triggerReq struct {
 }
 
 func (q *triggerReq) context() context.Context { return q.ctx }
+func (q *triggerReq) fail(err error)           { q.err = err }
 func (q *triggerReq) finish()                  { close(q.done) }
 
 // applyTriggers writes a batch of new runs in one transaction.

@@ -1,6 +1,8 @@
 package runtime
 
 import (
+	"context"
+	"errors"
 	"log/slog"
 	"path/filepath"
 	"testing"
@@ -142,3 +144,35 @@ var errUnexpected = errorString("claim returned tasks")
 type errorString string
 
 func (e errorString) Error() string { return string(e) }
+
+// TestCloseAnswersQueuedReports: a report submitted before Close is
+// answered (written, or refused as closed), never left waiting; one after
+// Close is refused at once.
+func TestCloseAnswersQueuedReports(t *testing.T) {
+	r, _, _ := newInternal(t)
+	k, _, err := r.CreateTask(t.Context(), NewTask{Type: "t.close.v1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := claimOne(t, r, time.Minute)
+	if c.ID != k.ID {
+		t.Fatalf("claimed %s, want %s", c.ID, k.ID)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.CompleteTask(context.Background(), c.ID, c.LeaseToken, nil)
+		done <- err
+	}()
+	r.Close()
+	select {
+	case err := <-done:
+		if err != nil && !errors.Is(err, errClosed) {
+			t.Errorf("report racing Close: %v, want success or errClosed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a report submitted around Close was never answered")
+	}
+	if _, err := r.CompleteTask(t.Context(), c.ID, c.LeaseToken, nil); !errors.Is(err, errClosed) {
+		t.Errorf("report after Close: %v, want errClosed", err)
+	}
+}

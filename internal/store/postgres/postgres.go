@@ -35,10 +35,11 @@ type Store struct {
 	dsn  string
 	node string // this server's NOTIFY payload, so it ignores its own
 
-	local   atomic.Pointer[func(store.Committed)]
-	pub     chan struct{}
-	stop    chan struct{}
-	pubDone sync.WaitGroup
+	local     atomic.Pointer[func(store.Committed)]
+	pub       chan struct{}
+	stop      chan struct{}
+	pubDone   sync.WaitGroup
+	closeOnce sync.Once
 }
 
 // Open connects to the database at dsn (a postgres:// URL).
@@ -117,9 +118,13 @@ func (s *Store) publish() {
 
 // Close stops the publisher and closes the pools.
 func (s *Store) Close() error {
-	close(s.stop)
-	s.pubDone.Wait()
-	return s.Store.Close()
+	var err error
+	s.closeOnce.Do(func() {
+		close(s.stop)
+		s.pubDone.Wait()
+		err = s.Store.Close()
+	})
+	return err
 }
 
 // DefaultMaxConns bounds a server's connections unless the URL sets

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/clock"
 )
 
 // Writes that arrive together are applied together: reports of workers
@@ -118,6 +121,48 @@ func (b *batcher[R]) drain() {
 		default:
 			return
 		}
+	}
+}
+
+// triggerYield bounds how long a trigger batch waits for late timers.
+const triggerYield = 50 * time.Millisecond
+
+// yieldGate lets trigger batches wait while late timers are written.
+type yieldGate struct {
+	mu   sync.Mutex
+	open chan struct{} // nil: nothing to wait for; closed by end
+}
+
+func (g *yieldGate) begin() {
+	g.mu.Lock()
+	if g.open == nil {
+		g.open = make(chan struct{})
+	}
+	g.mu.Unlock()
+}
+
+func (g *yieldGate) end() {
+	g.mu.Lock()
+	if g.open != nil {
+		close(g.open)
+		g.open = nil
+	}
+	g.mu.Unlock()
+}
+
+// wait returns when no late timers are being written, or after at most d.
+func (g *yieldGate) wait(clk clock.Clock, d time.Duration) {
+	g.mu.Lock()
+	ch := g.open
+	g.mu.Unlock()
+	if ch == nil {
+		return
+	}
+	t := clk.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ch:
+	case <-t.C():
 	}
 }
 

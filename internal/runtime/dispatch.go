@@ -186,14 +186,29 @@ func (r *Runtime) expireTx(ctx context.Context, tx store.RunTx) error {
 // fireTimerBatch is how many due timers go into one transaction.
 const fireTimerBatch = 1024
 
+// timerSlack is how late timers may run before new triggers give way.
+const timerSlack = 10 * time.Millisecond
+
 // fireTimers applies every due wake-up, webhook timeout and run expiry,
 // many per transaction: they touch only the database, so they need no
 // lease and no goroutine each. A burst of wake-ups costs a transaction per
 // batch, not per run.
+//
+// Timers come before new runs: when the last batch ran more than
+// timerSlack late, trigger batches wait (each at most triggerYield) while
+// the next timer batch is written, so a flood of triggers cannot make the
+// runs already asleep wake late.
 func (r *Runtime) fireTimers(ctx context.Context) {
 	for ctx.Err() == nil {
 		var expired []string
-		n, errs, err := r.st.FireDue(ctx, r.clk.Now(), fireTimerBatch, r.cfg.Lease, func(it *store.QueueItem, tx store.RunTx) error {
+		now := r.clk.Now()
+		var late time.Duration
+		urgent := time.Duration(r.timersLate.Load()) > timerSlack
+		if urgent {
+			r.yield.begin()
+		}
+		n, errs, err := r.st.FireDue(ctx, now, fireTimerBatch, r.cfg.Lease, func(it *store.QueueItem, tx store.RunTx) error {
+			late = max(late, now.Sub(it.DueAt))
 			switch it.Kind {
 			case store.KindWake:
 				return r.timerTx(ctx, tx, it, status.StepSleeping, status.StepSuccess, "step_succeeded", "")
@@ -205,6 +220,10 @@ func (r *Runtime) fireTimers(ctx context.Context) {
 			}
 			return fmt.Errorf("unknown queue item kind %q", it.Kind)
 		})
+		if urgent {
+			r.yield.end()
+		}
+		r.timersLate.Store(int64(late))
 		if err != nil {
 			if ctx.Err() == nil {
 				r.log.Error("firing due timers failed", "err", err)

@@ -75,6 +75,9 @@ type Runtime struct {
 	taskMu  sync.Mutex
 	taskSig chan struct{} // closed and replaced when tasks may have become claimable
 
+	timersLate atomic.Int64 // how late the last timer batch ran (ns)
+	yield      yieldGate    // closed while late timers are being written
+
 	reports   *batcher[*reportReq]
 	triggers  *batcher[*triggerReq]
 	batchWG   sync.WaitGroup
@@ -247,6 +250,7 @@ func (q *triggerReq) finish()                  { close(q.done) }
 
 // applyTriggers writes a batch of new runs in one transaction.
 func (r *Runtime) applyTriggers(batch []*triggerReq) []*triggerReq {
+	r.yield.wait(r.clk, triggerYield)
 	nrs := make([]*store.NewRun, len(batch))
 	for i, q := range batch {
 		nrs[i] = q.nr

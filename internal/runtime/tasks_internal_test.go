@@ -176,3 +176,43 @@ func TestCloseAnswersQueuedReports(t *testing.T) {
 		t.Errorf("report after Close: %v, want errClosed", err)
 	}
 }
+
+// TestYieldGate: trigger batches pass at once unless late timers are being
+// written; then they wait for the timers, or at most the bound.
+func TestYieldGate(t *testing.T) {
+	var g yieldGate
+	clk := clock.NewFake(time.Date(2026, 2, 22, 10, 0, 0, 0, time.UTC))
+	g.wait(clk, time.Hour) // nothing begun: returns at once
+
+	g.begin()
+	passed := make(chan struct{})
+	go func() { g.wait(clk, time.Hour); close(passed) }()
+	select {
+	case <-passed:
+		t.Fatal("wait returned while late timers were being written")
+	case <-time.After(50 * time.Millisecond): // negative check: give it a chance to go wrong
+	}
+	g.end()
+	select {
+	case <-passed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("wait did not return after end")
+	}
+
+	g.begin()
+	defer g.end()
+	bounded := make(chan struct{})
+	go func() { g.wait(clk, time.Second); close(bounded) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		clk.Advance(time.Second) // until the waiter's timer exists and fires
+		select {
+		case <-bounded:
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("wait was not bounded by its limit")
+		}
+	}
+}

@@ -20,6 +20,7 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/internal/status"
 	"github.com/ferryhq/ferry/internal/store"
+	"github.com/ferryhq/ferry/internal/store/postgres"
 	"github.com/ferryhq/ferry/worker"
 )
 
@@ -223,7 +224,22 @@ func start(ctx context.Context, o Options, handler worker.HandlerFunc) (*env, er
 			e.settings["sqlite_synchronous"] = "normal"
 		}
 		e.settings["sqlite_group_commit_max"] = 128
+	} else if u, err := url.Parse(o.Database); err == nil {
+		maxConns := any(postgres.DefaultMaxConns)
+		params := map[string]string{}
+		for k, v := range u.Query() {
+			if k == "ferry_max_conns" {
+				maxConns = v[0]
+				continue
+			}
+			params[k] = v[0]
+		}
+		e.settings["postgres_max_conns"] = maxConns
+		if len(params) > 0 {
+			e.settings["postgres_url_params"] = params
+		}
 	}
+	e.settings["eager_dispatch"] = true // the worker SDK's default
 	e.startWorkers = func() {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = w.Run(rctx) }()

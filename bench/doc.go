@@ -3,6 +3,7 @@
 // through the worker SDK, on SQLite or Postgres. `ferry bench` and
 // `make bench` drive it; results are JSON lines with stable keys.
 //
-// It imports package ferry, worker and client, and internal/store for the
-// result queries; nothing imports it but the CLI.
+// It imports package ferry, worker and client, internal/store for the
+// result queries and internal/store/postgres for its defaults (reported in
+// settings); nothing imports it but the CLI.
 package bench

@@ -401,12 +401,12 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 		})
 		return nil
 	}
-	ctx, cancel := context.WithCancelCause(hctx)
+	tctx, cancel := context.WithCancelCause(hctx) // the handler's; ctx is the worker's run
 	defer cancel(nil)
 	hb := w.heartbeat(log, ct, claimed, cancel)
 	t := &Task{ID: ct.ID, Type: ct.Type, Payload: ct.Payload, Attempt: ct.Attempt, MaxAttempts: ct.MaxAttempts, RunID: ct.RunID, Step: ct.Step}
 	start := time.Now()
-	res, err := w.call(ctx, log, h, t)
+	res, err := w.call(tctx, log, h, t)
 	if reason := hb.stop(); reason != nil {
 		log.Info("dropping the handler's outcome", "reason", reason, "handler_err", err)
 		return nil

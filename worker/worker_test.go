@@ -942,3 +942,73 @@ func TestEagerChain(t *testing.T) {
 		}
 	})
 }
+
+// endlessChain is a source whose every completion hands over one more task.
+type endlessChain struct {
+	mu       sync.Mutex
+	n        int
+	stopped  atomic.Bool
+	afterCut atomic.Int64 // eager completions asked for after stop
+	first    chan struct{}
+}
+
+func (s *endlessChain) next() client.ClaimedTask {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.n++
+	return client.ClaimedTask{ID: fmt.Sprintf("t%d", s.n), Type: "chain.endless.v1", Attempt: 1, MaxAttempts: 1, LeaseToken: "tok", LeaseUntil: time.Now().Add(time.Minute)}
+}
+
+func (s *endlessChain) ClaimTasks(ctx context.Context, req client.ClaimRequest) ([]client.ClaimedTask, error) {
+	select {
+	case <-s.first:
+		<-ctx.Done() // one task only; then long-poll until stopped
+		return nil, ctx.Err()
+	default:
+		close(s.first)
+		return []client.ClaimedTask{s.next()}, nil
+	}
+}
+
+func (s *endlessChain) Heartbeat(context.Context, string, string, time.Duration) (client.HeartbeatResult, error) {
+	return client.HeartbeatResult{LeaseUntil: time.Now().Add(time.Minute)}, nil
+}
+func (s *endlessChain) CompleteTask(context.Context, string, string, any) error      { return nil }
+func (s *endlessChain) FailTask(context.Context, string, string, string, bool) error { return nil }
+func (s *endlessChain) CompleteTaskAndClaim(context.Context, string, string, any, client.ClaimRequest) ([]client.ClaimedTask, error) {
+	if s.stopped.Load() {
+		s.afterCut.Add(1)
+	}
+	return []client.ClaimedTask{s.next()}, nil
+}
+
+// TestEagerStopsAtShutdown: once Run's context ends, completions stop
+// asking for more work, so a chain that would never end lets the worker
+// stop at once instead of at the shutdown timeout.
+func TestEagerStopsAtShutdown(t *testing.T) {
+	src := &endlessChain{first: make(chan struct{})}
+	w := newWorker(t, src, worker.Config{Types: []string{"chain.%"}, Concurrency: 1, Lease: 5 * time.Second, ShutdownTimeout: time.Minute})
+	handled := make(chan struct{}, 1)
+	w.Handle("chain.endless.v1", func(ctx context.Context, task *worker.Task) (any, error) {
+		select {
+		case handled <- struct{}{}:
+		default:
+		}
+		return nil, nil
+	})
+	r := start(t, w)
+	for range 3 { // the chain is running eagerly
+		recv(t, handled, "an eager task")
+	}
+	src.stopped.Store(true)
+	began := time.Now()
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(began); took > 10*time.Second {
+		t.Errorf("Run took %s to stop with an endless eager chain (shutdown timeout 1m)", took)
+	}
+	if n := src.afterCut.Load(); n > 1 {
+		t.Errorf("%d eager completions asked for more work after the stop, want at most the one in flight", n)
+	}
+}

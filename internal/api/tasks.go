@@ -331,6 +331,12 @@ func (s *Server) completeTask(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
+	if r.Context().Err() != nil {
+		// The worker hung up: the completion stands, but the tasks it was
+		// handed go back rather than wait out their lease.
+		s.rt.ReleaseTasks(context.WithoutCancel(r.Context()), ts)
+		return
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"data": s.taskJSON(r, t), "next": s.claimedJSON(r, ts)})
 }
 

@@ -67,13 +67,19 @@ func (r *Runtime) Run(ctx context.Context) error {
 				r.log.Info("swept orphaned queue items", "count", n)
 			}
 		}
-		if claimed > 0 && claimed == free {
-			// More may be due: go round again once a slot frees up.
+		if free == 0 || (claimed > 0 && claimed == free) {
+			// More may be due: go round again once a slot frees up. Timers
+			// need no slot: any commit that queues work wakes us, and a
+			// short tick fires timers that merely came due meanwhile.
+			r.planned.Store(math.MaxInt64)
+			t := r.clk.NewTimer(saturatedTick)
 			select {
 			case <-ctx.Done():
 			case <-r.wake:
 			case <-r.freed:
+			case <-t.C():
 			}
+			t.Stop()
 			continue
 		}
 		r.sleepUntilDue(ctx)
@@ -185,6 +191,10 @@ func (r *Runtime) expireTx(ctx context.Context, tx store.RunTx) error {
 
 // fireTimerBatch is how many due timers go into one transaction.
 const fireTimerBatch = 1024
+
+// saturatedTick bounds how late timers run while every processing slot is
+// busy with HTTP attempts.
+const saturatedTick = 10 * time.Millisecond
 
 // timerSlack is how late timers may run before new triggers give way.
 const timerSlack = 10 * time.Millisecond

@@ -45,7 +45,8 @@ type Store struct {
 // Open connects to the database at dsn (a postgres:// URL).
 //
 // The URL may carry ferry_max_conns=N (default 32): the most connections this
-// server opens. It is removed before the URL reaches Postgres.
+// server opens (a quarter of them for reads, the rest for writes, plus one
+// for LISTEN). It is removed before the URL reaches Postgres.
 func Open(ctx context.Context, dsn string) (*Store, error) {
 	dsn, maxConns, err := takeMaxConns(dsn)
 	if err != nil {
@@ -55,14 +56,24 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
-	db := stdlib.OpenDB(*cfg)
-	db.SetMaxOpenConns(maxConns)
-	db.SetMaxIdleConns(maxConns)
-	db.SetConnMaxIdleTime(5 * time.Minute)
+	// Reads get a pool of their own (a quarter of the connections): a
+	// transaction that reads a definition or a task type on a cache miss
+	// must not wait for a connection that another transaction holds while
+	// it waits in turn.
+	readers := max(1, maxConns/4)
+	pool := func(n int) *sql.DB {
+		db := stdlib.OpenDB(*cfg)
+		db.SetMaxOpenConns(n)
+		db.SetMaxIdleConns(n)
+		db.SetConnMaxIdleTime(5 * time.Minute)
+		return db
+	}
+	db, rdb := pool(maxConns-readers), pool(readers)
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := db.PingContext(pctx); err != nil {
 		db.Close()
+		rdb.Close()
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
 	s := sqlstore.New(sqlstore.Dialect{
@@ -74,7 +85,7 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 		MigrationLock:   "SELECT pg_advisory_lock(7244917)",
 		MigrationUnlock: "SELECT pg_advisory_unlock(7244917)",
 		Analyze:         "ANALYZE runs, step_runs, tasks, queue, events",
-	}, db, db)
+	}, db, rdb)
 	st := &Store{Store: s, dsn: dsn, node: rand.Text(), pub: make(chan struct{}, 1), stop: make(chan struct{})}
 	st.pubDone.Add(1)
 	go st.publish()

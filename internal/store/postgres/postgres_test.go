@@ -215,8 +215,9 @@ func withParam(t *testing.T, dsn, k, v string) string {
 	return u.String()
 }
 
-// TestMaxConnsOption: ferry_max_conns sizes the pool and never reaches
-// Postgres; a bad value is refused.
+// TestMaxConnsOption: ferry_max_conns sizes the pools (writes and a
+// separate quarter for reads) and never reaches Postgres; a bad value is
+// refused.
 func TestMaxConnsOption(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	s, err := postgres.Open(t.Context(), dsn+"&ferry_max_conns=5")
@@ -224,8 +225,8 @@ func TestMaxConnsOption(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if got := s.DB().Stats().MaxOpenConnections; got != 5 {
-		t.Errorf("max open connections = %d, want 5", got)
+	if w, r := s.DB().Stats().MaxOpenConnections, s.ReadDB().Stats().MaxOpenConnections; w+r != 5 || r < 1 || w < 1 {
+		t.Errorf("max open connections = %d writers + %d readers, want 5 with at least one of each", w, r)
 	}
 	if _, err := postgres.Open(t.Context(), dsn+"&ferry_max_conns=zero"); err == nil {
 		t.Error("ferry_max_conns=zero accepted")
@@ -235,8 +236,8 @@ func TestMaxConnsOption(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	if got := d.DB().Stats().MaxOpenConnections; got != postgres.DefaultMaxConns {
-		t.Errorf("default max open connections = %d, want %d", got, postgres.DefaultMaxConns)
+	if w, r := d.DB().Stats().MaxOpenConnections, d.ReadDB().Stats().MaxOpenConnections; w+r != postgres.DefaultMaxConns || r == 0 {
+		t.Errorf("default max open connections = %d writers + %d readers, want %d in all", w, r, postgres.DefaultMaxConns)
 	}
 }
 
@@ -284,5 +285,90 @@ func TestStatisticsRefreshedAsTablesGrow(t *testing.T) {
 			t.Fatal("tasks was not analyzed within 30s of 2,800 rows written")
 		}
 		<-tick.C
+	}
+}
+
+// TestCreateRunsKeyRace: a batch whose idempotency key another server is
+// writing at the same moment waits for it, then answers every run of the
+// batch properly: the existing ones as found (whole runs, not stubs), the
+// raced one as the other server's run, the rest as created.
+func TestCreateRunsKeyRace(t *testing.T) {
+	s := openDSN(t, pgtest.DSN(t))
+	ctx := t.Context()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wf, err := s.CreateWorkflow(ctx, &store.Workflow{Name: "wf", Fingerprint: "f", Definition: json.RawMessage(`{}`), Enabled: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	newRun := func(key string) *store.NewRun {
+		return &store.NewRun{Run: store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), IdempotencyKey: key, StartedAt: now, ExpiresAt: now.Add(time.Hour)}}
+	}
+	first, created, err := s.CreateRun(ctx, newRun("k0"), now)
+	if err != nil || !created {
+		t.Fatalf("CreateRun k0: created=%v err=%v", created, err)
+	}
+	// "Another server" holds key k1 in an open transaction.
+	tx, err := s.DB().BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback() //nolint:errcheck
+	if _, err := tx.ExecContext(ctx, `INSERT INTO runs (id, workflow_id, version, status, input, trigger_headers, idempotency_key, error, event_seq, expires_at, started_at, updated_at)
+		VALUES ('other-run', $1, 1, 'running', '{}', '{}', 'k1', '', 0, 0, 0, 0)`, wf.ID); err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		res []store.CreateResult
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		res, err := s.CreateRuns(ctx, []*store.NewRun{newRun("k0"), newRun("k1"), newRun("")}, now)
+		done <- answer{res, err}
+	}()
+	// Wait until the batch waits on the other transaction's key, then
+	// commit it.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var n int
+		if err := s.ReadDB().QueryRowContext(ctx, `SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database() AND query LIKE 'INSERT INTO runs%'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the batch never waited on the other transaction's key")
+		}
+		select {
+		case a := <-done:
+			t.Fatalf("CreateRuns returned before the key was committed: %+v", a)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	var a answer
+	select {
+	case a = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("CreateRuns did not return after the key was committed")
+	}
+	if a.err != nil {
+		t.Fatalf("CreateRuns: %v", a.err)
+	}
+	r := a.res
+	if r[0].Err != nil || r[0].Created || r[0].Run == nil || r[0].Run.ID != first.ID || r[0].Run.Status != status.RunRunning || r[0].Run.WorkflowID != wf.ID {
+		t.Errorf("existing key k0: %+v (run %+v), want the first run, whole, not created", r[0], r[0].Run)
+	}
+	if r[1].Err != nil || r[1].Created || r[1].Run == nil || r[1].Run.ID != "other-run" {
+		t.Errorf("raced key k1: %+v, want the other server's run, not created", r[1])
+	}
+	if r[2].Err != nil || !r[2].Created || r[2].Run == nil || r[2].Run.Status != status.RunRunning {
+		t.Errorf("run without a key: %+v, want created", r[2])
 	}
 }

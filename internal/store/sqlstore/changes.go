@@ -269,7 +269,9 @@ var (
 
 // flush writes the changeset inside tx. Order matters: tasks are written
 // before a finished run's unfinished tasks are cancelled, so the task this
-// transaction finished is not among them.
+// transaction finished is not among them; queue rows are added before a
+// finished run's are dropped, so a batch that queues work for a run and
+// then finishes it leaves none behind.
 func (s *Store) flush(ctx context.Context, tx *sql.Tx, c *changeset) error {
 	if len(c.newRuns) > 0 {
 		if err := s.insertRows(ctx, tx, "runs", "id, workflow_id, version, status, input, trigger_headers, idempotency_key, error, event_seq, expires_at, started_at, finished_at, updated_at", 13, c.newRuns); err != nil {
@@ -322,6 +324,15 @@ func (s *Store) flush(ctx context.Context, tx *sql.Tx, c *changeset) error {
 			return err
 		}
 	}
+	if len(c.queue) > 0 {
+		rows := make([][]any, 0, len(c.queue))
+		for _, it := range c.queue {
+			rows = append(rows, []any{it.Kind, it.RunID, it.Step, it.Attempt, ts(it.DueAt)})
+		}
+		if err := s.insertRows(ctx, tx, "queue", "kind, run_id, step, attempt, due_at", 5, rows); err != nil {
+			return err
+		}
+	}
 	if len(c.dropQueue) > 0 {
 		args := make([]any, len(c.dropQueue))
 		for i, id := range c.dropQueue {
@@ -330,15 +341,6 @@ func (s *Store) flush(ctx context.Context, tx *sql.Tx, c *changeset) error {
 		ph, args := in(args)
 		if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM queue WHERE run_id IN (`+ph+`)`), args...); err != nil {
 			return fmt.Errorf("drop queue: %w", err)
-		}
-	}
-	if len(c.queue) > 0 {
-		rows := make([][]any, 0, len(c.queue))
-		for _, it := range c.queue {
-			rows = append(rows, []any{it.Kind, it.RunID, it.Step, it.Attempt, ts(it.DueAt)})
-		}
-		if err := s.insertRows(ctx, tx, "queue", "kind, run_id, step, attempt, due_at", 5, rows); err != nil {
-			return err
 		}
 	}
 	if len(c.cancel) > 0 {

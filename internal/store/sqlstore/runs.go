@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/ferryhq/ferry/internal/store"
@@ -130,6 +131,15 @@ func (s *Store) CreateRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 			todo = append(todo, i)
 		}
 	}
+	// Keyed runs go in key order: two batches inserting the same keys in
+	// opposite orders would each hold one and wait for the other.
+	sort.SliceStable(todo, func(a, b int) bool {
+		ra, rb := nrs[todo[a]].Run, nrs[todo[b]].Run
+		if ra.WorkflowID != rb.WorkflowID {
+			return ra.WorkflowID < rb.WorkflowID
+		}
+		return ra.IdempotencyKey < rb.IdempotencyKey
+	})
 	var cs *changeset
 	if len(todo) > 0 {
 		err = s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
@@ -141,34 +151,34 @@ func (s *Store) CreateRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 			}
 			return s.flush(ctx, tx, cs)
 		})
-		if err != nil && s.d.IsUnique(err) && anyKey(nrs, todo) {
+		switch {
+		case err != nil && s.d.IsUnique(err) && anyKey(nrs, todo) && len(todo) > 1:
 			// Another server wrote a key meanwhile (the check above ran
-			// outside the transaction).
-			if len(todo) > 1 {
-				for _, i := range todo { // one by one, each finds its own
-					r, err := s.CreateRuns(ctx, nrs[i:i+1], now)
-					if err != nil {
-						return nil, err
-					}
-					res[i] = r[0]
+			// outside the transaction): one by one, each finds its own
+			// or fails alone.
+			for _, i := range todo {
+				r, err := s.CreateRuns(ctx, nrs[i:i+1], now)
+				if err != nil {
+					res[i].Err = err
+					continue
 				}
-				return res, nil
+				res[i] = r[0]
 			}
+		case err != nil && s.d.IsUnique(err) && anyKey(nrs, todo):
 			found, kerr := s.runsByKey(ctx, nrs[todo[0]:todo[0]+1])
 			r := nrs[todo[0]].Run
-			if id := found[[2]string{r.WorkflowID, r.IdempotencyKey}]; kerr == nil && id != "" {
-				res[todo[0]] = store.CreateResult{Run: &store.Run{ID: id}}
-				todo, err = nil, nil
+			id := found[[2]string{r.WorkflowID, r.IdempotencyKey}]
+			if kerr != nil || id == "" {
+				return nil, fmt.Errorf("create runs: %w", err)
 			}
-		}
-		if err != nil {
+			res[todo[0]] = store.CreateResult{Run: &store.Run{ID: id}}
+		case err != nil:
 			return nil, fmt.Errorf("create runs: %w", err)
-		}
-		if cs != nil && len(todo) > 0 {
+		default:
 			s.committed(cs)
-		}
-		for _, i := range todo {
-			res[i] = store.CreateResult{Run: &store.Run{ID: nrs[i].Run.ID}, Created: true}
+			for _, i := range todo {
+				res[i] = store.CreateResult{Run: &store.Run{ID: nrs[i].Run.ID}, Created: true}
+			}
 		}
 	}
 	// Read back what was written (or found), as GetRun would return it.

@@ -51,6 +51,8 @@ type Store struct {
 	written    atomic.Int64 // rows this server wrote
 	analyzedAt atomic.Int64 // written at the last ANALYZE
 	analyzing  atomic.Bool
+	bgMu       sync.Mutex // orders bg.Add before Close's bg.Wait
+	closing    bool
 	bg         sync.WaitGroup
 }
 
@@ -97,6 +99,11 @@ func (s *Store) grew(n int) {
 	if total-last < max(analyzeFloor, last) || !s.analyzing.CompareAndSwap(false, true) {
 		return
 	}
+	s.bgMu.Lock()
+	defer s.bgMu.Unlock()
+	if s.closing {
+		return
+	}
 	s.analyzedAt.Store(total)
 	s.bg.Add(1)
 	go func() {
@@ -123,6 +130,9 @@ func (s *Store) Dialect() string { return s.d.Name }
 // DB exposes the writer pool for tests and tools.
 func (s *Store) DB() *sql.DB { return s.w }
 
+// ReadDB exposes the reader pool (it may be the writer pool) for tests.
+func (s *Store) ReadDB() *sql.DB { return s.r }
+
 // EnableGroupCommit makes writes go through one writer that commits up to
 // max requests at once (for a single-writer database such as SQLite).
 func (s *Store) EnableGroupCommit(max int) {
@@ -131,6 +141,9 @@ func (s *Store) EnableGroupCommit(max int) {
 
 // Close closes the pools and any extra resources.
 func (s *Store) Close() error {
+	s.bgMu.Lock()
+	s.closing = true
+	s.bgMu.Unlock()
 	s.bg.Wait()
 	if s.group != nil {
 		s.group.close()

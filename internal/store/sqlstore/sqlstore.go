@@ -54,6 +54,9 @@ type Store struct {
 	bgMu       sync.Mutex // orders bg.Add before Close's bg.Wait
 	closing    bool
 	bg         sync.WaitGroup
+
+	qcache  sync.Map // query text -> dialect text
+	qcached atomic.Int64
 }
 
 // OnCommit registers fn to learn what each committed write made ready.
@@ -160,11 +163,29 @@ func (s *Store) Close() error {
 }
 
 // q rewrites ? placeholders for the dialect. Queries never hold a literal ?.
+// Rewritten texts are kept: the set-wise statements are long, and their
+// shapes few (power-of-two sizes).
 func (s *Store) q(query string) string {
 	if !s.d.Dollar {
 		return query
 	}
+	if v, ok := s.qcache.Load(query); ok {
+		return v.(string)
+	}
+	out := dollars(query)
+	if s.qcached.Add(1) <= maxCachedQueries {
+		s.qcache.Store(query, out)
+	}
+	return out
+}
+
+// maxCachedQueries bounds the rewritten texts kept (list filters and claim
+// patterns make a few more shapes than the fixed statements).
+const maxCachedQueries = 2048
+
+func dollars(query string) string {
 	var b strings.Builder
+	b.Grow(len(query) + len(query)/8)
 	n := 0
 	for i := 0; i < len(query); i++ {
 		if query[i] == '?' {

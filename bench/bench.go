@@ -213,10 +213,11 @@ func start(ctx context.Context, o Options, handler worker.HandlerFunc) (*env, er
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = eng.Run(rctx) }()
-	w := worker.New(eng, worker.Config{Types: []string{"bench.%"}, Concurrency: o.Workers, Lease: 30 * time.Second, PollWait: time.Second, WorkerID: "bench", Logger: log})
+	// No-op handlers finish a prefetched task long before its lease ends.
+	w := worker.New(eng, worker.Config{Types: []string{"bench.%"}, Concurrency: o.Workers, Prefetch: o.Workers, Lease: 30 * time.Second, PollWait: time.Second, WorkerID: "bench", Logger: log})
 	w.Handle("bench.noop.v1", handler)
 	e := &env{eng: eng, st: eng.Store(), backend: backend, settings: map[string]any{
-		"workers": o.Workers, "engine_concurrency": o.Concurrency, "lease": "30s", "poll_wait": "1s", "trigger_clients": triggerClients,
+		"workers": o.Workers, "worker_prefetch": o.Workers, "engine_concurrency": o.Concurrency, "lease": "30s", "poll_wait": "1s", "trigger_clients": triggerClients,
 	}}
 	if backend == "sqlite" {
 		e.settings["sqlite_synchronous"] = "full"

@@ -55,6 +55,12 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// Logger receives the worker's logs (default slog.Default()).
 	Logger *slog.Logger
+	// Prefetch lets a claim take up to this many tasks beyond the free
+	// slots; they wait in memory for a slot. Fewer, larger claims help when
+	// handlers are quick. A prefetched task's lease runs while it waits, so
+	// keep Prefetch well below what the handlers finish in a lease. Default
+	// 0 (claim only for free slots).
+	Prefetch int
 	// NoEager turns off eager dispatch. By default, when the Source is an
 	// EagerSource, a completion asks for the next step of the same run if
 	// its type is one this worker claims, and runs it in the slot the
@@ -157,6 +163,7 @@ func New(src Source, cfg Config) *Worker {
 	if cfg.Lease <= 0 {
 		cfg.Lease = 30 * time.Second
 	}
+	cfg.Prefetch = max(cfg.Prefetch, 0)
 	if cfg.WorkerID == "" {
 		host, _ := os.Hostname()
 		if host == "" {
@@ -318,7 +325,7 @@ func (w *Worker) claimLoop(ctx, hctx context.Context, inflight chan struct{}, wg
 		}
 		polled := time.Now()
 		tasks, err := w.src.ClaimTasks(ctx, client.ClaimRequest{
-			Types: w.claimTypes(), WorkerID: w.cfg.WorkerID, Lease: w.cfg.Lease, Max: n, Wait: w.cfg.PollWait,
+			Types: w.claimTypes(), WorkerID: w.cfg.WorkerID, Lease: w.cfg.Lease, Max: min(n+w.cfg.Prefetch, maxClaim), Wait: w.cfg.PollWait,
 		})
 		// The leases began during the claim: a long-poll returns as soon
 		// as it has claimed, so about now.

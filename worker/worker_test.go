@@ -1012,3 +1012,63 @@ func TestEagerStopsAtShutdown(t *testing.T) {
 		t.Errorf("%d eager completions asked for more work after the stop, want at most the one in flight", n)
 	}
 }
+
+// poolSource hands out up to Max of a fixed pool of tasks per claim and
+// records each claim's Max.
+type poolSource struct {
+	endlessChain
+	mu2  sync.Mutex
+	left int
+	maxs []int
+}
+
+func (s *poolSource) ClaimTasks(ctx context.Context, req client.ClaimRequest) ([]client.ClaimedTask, error) {
+	s.mu2.Lock()
+	s.maxs = append(s.maxs, req.Max)
+	n := min(req.Max, s.left)
+	s.left -= n
+	s.mu2.Unlock()
+	if n == 0 {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	out := make([]client.ClaimedTask, n)
+	for i := range out {
+		out[i] = s.next()
+	}
+	return out, nil
+}
+
+// TestPrefetch: a claim asks for Prefetch tasks beyond the free slots; the
+// extra ones wait for a slot, so no more than Concurrency run at once.
+func TestPrefetch(t *testing.T) {
+	src := &poolSource{left: 4}
+	w := newWorker(t, src, worker.Config{Types: []string{"chain.%"}, Concurrency: 1, Prefetch: 3, Lease: 5 * time.Second, NoEager: true})
+	var running, most atomic.Int64
+	handled := make(chan struct{}, 8)
+	w.Handle("chain.endless.v1", func(ctx context.Context, task *worker.Task) (any, error) {
+		n := running.Add(1)
+		for {
+			m := most.Load()
+			if n <= m || most.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		running.Add(-1)
+		handled <- struct{}{}
+		return nil, nil
+	})
+	start(t, w)
+	for i := range 4 {
+		recv(t, handled, fmt.Sprintf("task %d", i+1))
+	}
+	src.mu2.Lock()
+	first := src.maxs[0]
+	src.mu2.Unlock()
+	if first != 4 {
+		t.Errorf("first claim asked for %d, want 4 (1 free slot + prefetch 3)", first)
+	}
+	if m := most.Load(); m != 1 {
+		t.Errorf("%d handlers ran at once, want at most Concurrency (1)", m)
+	}
+}

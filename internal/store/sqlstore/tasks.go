@@ -297,21 +297,31 @@ type scanTail struct {
 
 func (s scanTail) Scan(dest ...any) error { return s.rows.Scan(append(dest, s.extra)...) }
 
-// NextTaskDue finds the next moment a matching task becomes claimable.
+// NextTaskDue finds the next moment a matching task becomes claimable: the
+// earliest future run_at of a pending task or lease end of a leased one,
+// each read through its own partial index.
 func (s *Store) NextTaskDue(ctx context.Context, patterns []string, now time.Time) (time.Time, bool, error) {
 	filter, fargs := s.typeFilter(patterns)
 	// Only moments after now: a task that is already claimable is not
 	// "next" (a claim would have taken it).
-	args := append(append([]any{}, fargs...), ts(now))
-	var v sql.NullInt64
-	err := s.r.QueryRowContext(ctx, s.q(`SELECT MIN(CASE WHEN status = 'pending' THEN run_at ELSE lease_until END) FROM tasks
-		WHERE status IN ('pending', 'leased') AND `+filter+`
-		AND CASE WHEN status = 'pending' THEN run_at ELSE lease_until END > ?
-		AND type NOT IN (SELECT type FROM task_types WHERE enabled = FALSE)`), args...).Scan(&v)
-	if err != nil || !v.Valid {
-		return time.Time{}, false, err
+	var next sql.NullInt64
+	for _, q := range []string{
+		`SELECT MIN(run_at) FROM tasks WHERE status = 'pending' AND run_at > ? AND `,
+		`SELECT MIN(lease_until) FROM tasks WHERE status = 'leased' AND lease_until > ? AND `,
+	} {
+		args := append([]any{ts(now)}, fargs...)
+		var v sql.NullInt64
+		if err := s.r.QueryRowContext(ctx, s.q(q+filter+` AND `+notDisabled), args...).Scan(&v); err != nil {
+			return time.Time{}, false, err
+		}
+		if v.Valid && (!next.Valid || v.Int64 < next.Int64) {
+			next = v
+		}
 	}
-	return fromTS(v.Int64), true, nil
+	if !next.Valid {
+		return time.Time{}, false, nil
+	}
+	return fromTS(next.Int64), true, nil
 }
 
 // InTask locks the task's run (if any) and then the task.

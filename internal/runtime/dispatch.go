@@ -37,7 +37,8 @@ func (r *Runtime) Run(ctx context.Context) error {
 		free := cap(r.sem) - len(r.sem)
 		claimed := 0
 		if free > 0 {
-			items, err := r.st.Claim(ctx, r.clk.Now(), r.cfg.Lease, free)
+			// Timers are fired above; only HTTP attempts need a lease.
+			items, err := r.st.Claim(ctx, r.clk.Now(), r.cfg.Lease, free, store.KindHTTP)
 			if err != nil && ctx.Err() == nil {
 				r.log.Error("claim failed", "err", err)
 			}
@@ -118,12 +119,6 @@ func (r *Runtime) process(ctx context.Context, it *store.QueueItem) {
 	switch it.Kind {
 	case store.KindHTTP:
 		err = r.runHTTP(ctx, it)
-	case store.KindWake:
-		err = r.finishTimer(ctx, it, status.StepSleeping, status.StepSuccess, "step_succeeded", "")
-	case store.KindWaitTimeout:
-		err = r.finishTimer(ctx, it, status.StepWaiting, status.StepTimeout, "step_timeout", "no callback before the timeout")
-	case store.KindRunExpire:
-		err = r.expireRun(ctx, it)
 	default:
 		err = fmt.Errorf("unknown queue item kind %q", it.Kind)
 	}
@@ -136,16 +131,7 @@ func (r *Runtime) process(ctx context.Context, it *store.QueueItem) {
 	}
 }
 
-// finishTimer completes a sleep or a webhook wait whose time came.
-func (r *Runtime) finishTimer(ctx context.Context, it *store.QueueItem, from, to, event, msg string) error {
-	return r.st.InRun(ctx, it.RunID, r.clk.Now(), func(tx store.RunTx) error {
-		if err := tx.Dequeue(it.ID, it.LeaseToken); err != nil {
-			return err
-		}
-		return r.timerTx(ctx, tx, it, from, to, event, msg)
-	})
-}
-
+// timerTx completes a sleep or a webhook wait whose time came.
 func (r *Runtime) timerTx(ctx context.Context, tx store.RunTx, it *store.QueueItem, from, to, event, msg string) error {
 	now := r.clk.Now()
 	s := tx.Step(it.Step)
@@ -158,19 +144,7 @@ func (r *Runtime) timerTx(ctx context.Context, tx store.RunTx, it *store.QueueIt
 	return r.advance(ctx, tx, ch)
 }
 
-func (r *Runtime) expireRun(ctx context.Context, it *store.QueueItem) error {
-	err := r.st.InRun(ctx, it.RunID, r.clk.Now(), func(tx store.RunTx) error {
-		if err := tx.Dequeue(it.ID, it.LeaseToken); err != nil {
-			return err
-		}
-		return r.expireTx(ctx, tx)
-	})
-	if err == nil {
-		r.abortRun(it.RunID)
-	}
-	return err
-}
-
+// expireTx ends a run that reached max_duration.
 func (r *Runtime) expireTx(ctx context.Context, tx store.RunTx) error {
 	now := r.clk.Now()
 	run := tx.Run()

@@ -60,13 +60,13 @@ func (r *Runtime) applyReports(batch []*reportReq) []*reportReq {
 	for i, q := range batch {
 		switch {
 		case err != nil:
-			q.err, q.out = err, nil
+			q.fail(err)
 		case errors.Is(errs[i], store.ErrRetry):
 			q.out = nil
 			retry = append(retry, q)
 			continue
 		case errs[i] != nil:
-			q.err, q.out = errs[i], nil
+			q.fail(errs[i])
 		}
 		q.finish()
 	}

@@ -260,7 +260,7 @@ func (r *Runtime) applyTriggers(batch []*triggerReq) []*triggerReq {
 	for i, q := range batch {
 		switch {
 		case err != nil:
-			q.err = err
+			q.fail(err)
 		case errors.Is(res[i].Err, store.ErrRetry):
 			retry = append(retry, q) // the same key as an earlier one: it finds that run
 			continue

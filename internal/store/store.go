@@ -220,7 +220,7 @@ type Store interface {
 
 	// Claim leases up to n due queue items (due, and not leased or with an
 	// expired lease) until now+lease, in one round trip.
-	Claim(ctx context.Context, now time.Time, lease time.Duration, n int) ([]*QueueItem, error)
+	Claim(ctx context.Context, now time.Time, lease time.Duration, n int, kinds ...string) ([]*QueueItem, error)
 	// ExtendLease moves a claimed item's lease end; ErrLeaseLost when the
 	// item is gone (done, or its run finished) or leased to someone else.
 	ExtendLease(ctx context.Context, id int64, leaseToken string, until time.Time) error

@@ -44,6 +44,28 @@ type eventRow struct {
 	at    int64
 }
 
+// apply runs one request of a batch with its writes in a changeset of its
+// own, pointing run rt (nil for a standalone task) at it: they join c when
+// the request succeeds; when it fails they are dropped and rt's in-memory
+// state is restored, so later requests of the run and the writes of earlier
+// ones see only what will commit.
+func (c *changeset) apply(rt *runTx, fn func(sub *changeset) error) error {
+	sub := &changeset{}
+	var snap runSnap
+	if rt != nil {
+		snap = rt.snapshot()
+		rt.cs = sub
+	}
+	if err := fn(sub); err != nil {
+		if rt != nil {
+			rt.restore(snap)
+		}
+		return err
+	}
+	c.merge(sub)
+	return nil
+}
+
 // merge adds o's writes; rows both touched (the same run's, in a batch) are
 // kept once: they are written from the objects' final state.
 func (c *changeset) merge(o *changeset) {

@@ -3,7 +3,6 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -18,10 +17,15 @@ func (s *Store) InRun(ctx context.Context, runID string, now time.Time, fn func(
 	var cs *changeset
 	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		cs = &changeset{}
-		rt, err := s.lockRun(ctx, tx, runID, now, cs)
+		runs, err := s.lockRuns(ctx, tx, []string{runID}, now)
 		if err != nil {
 			return err
 		}
+		rt := runs[runID]
+		if rt == nil {
+			return fmt.Errorf("run %q: %w", runID, store.ErrNotFound)
+		}
+		rt.cs = cs
 		if err := fn(rt); err != nil {
 			return err
 		}
@@ -33,21 +37,50 @@ func (s *Store) InRun(ctx context.Context, runID string, now time.Time, fn func(
 	return err
 }
 
-// lockRun locks a run and reads it with its steps.
-func (s *Store) lockRun(ctx context.Context, tx *sql.Tx, runID string, now time.Time, cs *changeset) (*runTx, error) {
-	var seq int64
-	run, err := scanRun(rowTail{tx.QueryRowContext(ctx, s.q(`SELECT `+runCols+`, r.event_seq FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE r.id = ?`+lockOf(s.d.LockRun)), runID), &seq})
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("run %q: %w", runID, store.ErrNotFound)
+// lockRuns locks runs in id order and reads them with their steps; a run
+// that does not exist is left out.
+func (s *Store) lockRuns(ctx context.Context, tx *sql.Tx, ids []string, now time.Time) (map[string]*runTx, error) {
+	out := make(map[string]*runTx, len(ids))
+	if len(ids) == 0 {
+		return out, nil
 	}
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id
+	}
+	ph, args := in(args)
+	rows, err := tx.QueryContext(ctx, s.q(`SELECT `+runCols+`, r.event_seq FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE r.id IN (`+ph+`) ORDER BY r.id`+lockOf(s.d.LockRun)), args...)
 	if err != nil {
-		return nil, fmt.Errorf("lock run: %w", err)
+		return nil, fmt.Errorf("lock runs: %w", err)
 	}
-	steps, err := s.loadSteps(ctx, tx, runID)
+	for rows.Next() {
+		var seq int64
+		run, err := scanRun(scanTail{rows, &seq})
+		if err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out[run.ID] = &runTx{s: s, ctx: ctx, tx: tx, run: run, now: now, seq: seq, updatedAt: run.UpdatedAt}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	rows, err = tx.QueryContext(ctx, s.q(`SELECT `+stepCols+` FROM step_runs WHERE run_id IN (`+ph+`) ORDER BY run_id, position`), args...)
 	if err != nil {
 		return nil, err
 	}
-	return &runTx{s: s, ctx: ctx, tx: tx, cs: cs, run: run, steps: steps, now: now, seq: seq, updatedAt: run.UpdatedAt}, nil
+	defer rows.Close()
+	for rows.Next() {
+		st, err := scanStep(rows)
+		if err != nil {
+			return nil, err
+		}
+		if rt := out[st.RunID]; rt != nil {
+			rt.steps = append(rt.steps, st)
+		}
+	}
+	return out, rows.Err()
 }
 
 // lockOf qualifies the row lock to the runs table: FOR UPDATE on a join
@@ -165,17 +198,31 @@ func (t *runTx) Append(events ...store.NewEvent) error {
 
 // ---- queue ----
 
-// Claim leases due items in one statement (UPDATE … RETURNING), skipping rows
-// another node holds on Postgres.
-func (s *Store) Claim(ctx context.Context, now time.Time, lease time.Duration, n int) ([]*store.QueueItem, error) {
+// Claim leases due items (of the given kinds; none means all) in one
+// statement (UPDATE … RETURNING), skipping rows another node holds on
+// Postgres.
+func (s *Store) Claim(ctx context.Context, now time.Time, lease time.Duration, n int, kinds ...string) ([]*store.QueueItem, error) {
 	tok := token()
 	until := now.Add(lease)
+	args := []any{tok, ts(until), ts(now), ts(now)}
+	kindFilter := ""
+	if len(kinds) > 0 {
+		vals := make([]any, len(kinds))
+		for i, k := range kinds {
+			vals[i] = k
+		}
+		var ph string
+		ph, vals = in(vals)
+		kindFilter = ` AND kind IN (` + ph + `)`
+		args = append(args, vals...)
+	}
+	args = append(args, n)
 	var out []*store.QueueItem
 	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		out = out[:0]
 		rows, err := tx.QueryContext(ctx, s.q(`UPDATE queue SET lease_token = ?, lease_until = ?
-		WHERE id IN (SELECT id FROM queue WHERE due_at <= ? AND (lease_until IS NULL OR lease_until <= ?) ORDER BY due_at, id LIMIT ?`+s.d.SkipLocked+`)
-		RETURNING id, kind, run_id, step, attempt, due_at`), tok, ts(until), ts(now), ts(now), n)
+		WHERE id IN (SELECT id FROM queue WHERE due_at <= ? AND (lease_until IS NULL OR lease_until <= ?)`+kindFilter+` ORDER BY due_at, id LIMIT ?`+s.d.SkipLocked+`)
+		RETURNING id, kind, run_id, step, attempt, due_at`), args...)
 		if err != nil {
 			return fmt.Errorf("claim: %w", err)
 		}
@@ -280,16 +327,11 @@ func (s *Store) FireDue(ctx context.Context, now time.Time, max int, lease time.
 				done = append(done, it.ID) // its run is gone: nothing to do
 				continue
 			}
-			snap := rt.snapshot()
-			sub := &changeset{}
-			rt.cs = sub
-			if err := fn(it, rt); err != nil {
-				rt.restore(snap)
+			if err := cs.apply(rt, func(*changeset) error { return fn(it, rt) }); err != nil {
 				errs = append(errs, fmt.Errorf("queue item %d (%s of run %s): %w", it.ID, it.Kind, it.RunID, err))
 				failed = append(failed, it.ID)
 				continue
 			}
-			cs.merge(sub)
 			done = append(done, it.ID)
 		}
 		taken = len(items)

@@ -235,26 +235,14 @@ func (s *Store) ClaimTasks(ctx context.Context, req store.ClaimTasks) ([]*store.
 		if err := rows.Err(); err != nil {
 			return err
 		}
-		// All of the claim's events in one statement.
-		if len(out) == 0 {
-			return nil
-		}
-		var sb strings.Builder
-		sb.WriteString(`INSERT INTO events (run_id, seq, type, step, data, at) VALUES `)
-		var eargs []any
+		cs := &changeset{}
 		for i, t := range out {
 			if t.Reclaimed {
-				sb.WriteString(`(?, ?, 'lease_expired', '', ?, ?),`)
-				eargs = append(eargs, t.ID, seqs[i]-1, mustJSON(map[string]any{"attempt": t.Attempt - 1}), now)
+				cs.events = append(cs.events, eventRow{owner: t.ID, seq: seqs[i] - 1, typ: "lease_expired", data: mustJSON(map[string]any{"attempt": t.Attempt - 1}), at: now})
 			}
-			sb.WriteString(`(?, ?, 'claimed', '', ?, ?),`)
-			eargs = append(eargs, t.ID, seqs[i], mustJSON(map[string]any{"worker_id": req.WorkerID, "attempt": t.Attempt, "lease_until": until.UTC()}), now)
+			cs.events = append(cs.events, eventRow{owner: t.ID, seq: seqs[i], typ: "claimed", data: mustJSON(map[string]any{"worker_id": req.WorkerID, "attempt": t.Attempt, "lease_until": until.UTC()}), at: now})
 		}
-		q := strings.TrimSuffix(sb.String(), ",")
-		if _, err := tx.ExecContext(ctx, s.q(q), eargs...); err != nil {
-			return fmt.Errorf("claim events: %w", err)
-		}
-		return nil
+		return s.flush(ctx, tx, cs)
 	})
 	if err != nil {
 		return nil, err
@@ -391,23 +379,10 @@ func (s *Store) InTasks(ctx context.Context, ids []string, now time.Time, fn fun
 				errs[i] = fmt.Errorf("task %q: %w", ids[i], store.ErrNotFound)
 				continue
 			}
-			sub := &changeset{}
-			tt := &taskTx{s: s, ctx: ctx, cs: sub, task: t.task, now: now, seq: t.seq}
 			rt := runs[runOf[ids[i]]]
-			var snap runSnap
-			if rt != nil {
-				snap = rt.snapshot()
-				rt.cs = sub
-				tt.run = rt
-			}
-			if err := fn(i, tt); err != nil {
-				errs[i] = err
-				if rt != nil {
-					rt.restore(snap)
-				}
-				continue
-			}
-			cs.merge(sub)
+			errs[i] = cs.apply(rt, func(sub *changeset) error {
+				return fn(i, &taskTx{s: s, ctx: ctx, cs: sub, task: t.task, run: rt, now: now, seq: t.seq})
+			})
 		}
 		return s.flush(ctx, tx, cs)
 	})
@@ -443,62 +418,6 @@ func (s *Store) taskRuns(ctx context.Context, ids []string) (map[string]string, 
 	return out, rows.Err()
 }
 
-// lockRuns locks runs in id order and reads them with their steps.
-func (s *Store) lockRuns(ctx context.Context, tx *sql.Tx, ids []string, now time.Time) (map[string]*runTx, error) {
-	out := make(map[string]*runTx, len(ids))
-	if len(ids) == 0 {
-		return out, nil
-	}
-	if len(ids) == 1 {
-		rt, err := s.lockRun(ctx, tx, ids[0], now, nil)
-		if errors.Is(err, store.ErrNotFound) {
-			return out, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		out[ids[0]] = rt
-		return out, nil
-	}
-	args := make([]any, len(ids))
-	for i, id := range ids {
-		args[i] = id
-	}
-	ph, args := in(args)
-	rows, err := tx.QueryContext(ctx, s.q(`SELECT `+runCols+`, r.event_seq FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE r.id IN (`+ph+`) ORDER BY r.id`+lockOf(s.d.LockRun)), args...)
-	if err != nil {
-		return nil, fmt.Errorf("lock runs: %w", err)
-	}
-	for rows.Next() {
-		var seq int64
-		run, err := scanRun(scanTail{rows, &seq})
-		if err != nil {
-			rows.Close()
-			return nil, err
-		}
-		out[run.ID] = &runTx{s: s, ctx: ctx, tx: tx, run: run, now: now, seq: seq, updatedAt: run.UpdatedAt}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	rows, err = tx.QueryContext(ctx, s.q(`SELECT `+stepCols+` FROM step_runs WHERE run_id IN (`+ph+`) ORDER BY run_id, position`), args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		st, err := scanStep(rows)
-		if err != nil {
-			return nil, err
-		}
-		if rt := out[st.RunID]; rt != nil {
-			rt.steps = append(rt.steps, st)
-		}
-	}
-	return out, rows.Err()
-}
-
 type lockedTask struct {
 	task *store.Task
 	seq  int64
@@ -529,13 +448,6 @@ func (s *Store) lockTasks(ctx context.Context, tx *sql.Tx, ids []string) (map[st
 	}
 	return out, rows.Err()
 }
-
-type rowTail struct {
-	row   *sql.Row
-	extra *int64
-}
-
-func (r rowTail) Scan(dest ...any) error { return r.row.Scan(append(dest, r.extra)...) }
 
 // taskTx reads the task from memory and records writes in the changeset.
 type taskTx struct {

@@ -21,6 +21,25 @@ var queueTests = []test{
 	{"DropQueueOnlyThatRun", testDropQueue},
 	{"SweepTerminalRuns", testSweep},
 	{"FireDueTimers", testFireDue},
+	{"ClaimOnlyKinds", testClaimKinds},
+}
+
+// testClaimKinds: a claim limited to kinds leaves due items of others.
+func testClaimKinds(t *testing.T, s store.Store) {
+	wf := mkWorkflow(t, s, "wf")
+	r := mkSimpleRun(t, s, wf,
+		store.QueueItem{Kind: store.KindHTTP, Step: "a", DueAt: t0},
+		store.QueueItem{Kind: store.KindWake, Step: "b", DueAt: t0},
+	)
+	got, err := s.Claim(t.Context(), at(time.Second), time.Minute, 10, store.KindHTTP)
+	must(t, err, "Claim http")
+	if len(got) != 1 || got[0].Kind != store.KindHTTP || got[0].RunID != r.ID {
+		t.Fatalf("claim of http items = %+v, want the one http item", got)
+	}
+	rest := claimAll(t, s, at(time.Second))
+	if len(rest) != 1 || rest[0].Kind != store.KindWake {
+		t.Errorf("left after the http claim: %+v, want the wake item", rest)
+	}
 }
 
 // testFireDue: due timers of several runs are applied in one call; HTTP

@@ -57,6 +57,13 @@ func Start(t testing.TB, opts ...func(*ferry.Config)) *Server {
 		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
 			t.Errorf("engine run: %v", err)
 		}
+		// SQLite keeps the runs it wrote last in memory: they must be
+		// what the tables hold after everything the test did.
+		if v, ok := eng.Store().(interface{ VerifyRunCache(context.Context) error }); ok {
+			if err := v.VerifyRunCache(context.Background()); err != nil {
+				t.Errorf("run cache differs from the tables: %v", err)
+			}
+		}
 		if err := eng.Close(); err != nil {
 			t.Errorf("engine close: %v", err)
 		}

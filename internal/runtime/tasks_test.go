@@ -74,6 +74,9 @@ func forEachStore(t *testing.T, fn func(t *testing.T, e *env)) {
 		}
 		t.Cleanup(func() { _ = s.Close() })
 		fn(t, newEnv(t, s))
+		if err := s.VerifyRunCache(context.WithoutCancel(t.Context())); err != nil {
+			t.Errorf("run cache differs from the tables: %v", err)
+		}
 	})
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -29,7 +30,11 @@ func (s *Store) InRun(ctx context.Context, runID string, now time.Time, fn func(
 		if err := fn(rt); err != nil {
 			return err
 		}
-		return s.flush(ctx, tx, cs)
+		if err := s.flush(ctx, tx, cs); err != nil {
+			return err
+		}
+		s.stage(runs)
+		return nil
 	})
 	if err == nil {
 		s.committed(cs)
@@ -41,8 +46,25 @@ func (s *Store) InRun(ctx context.Context, runID string, now time.Time, fn func(
 // that does not exist is left out.
 func (s *Store) lockRuns(ctx context.Context, tx *sql.Tx, ids []string, now time.Time) (map[string]*runTx, error) {
 	out := make(map[string]*runTx, len(ids))
+	if s.cache != nil {
+		// SQLite: what this writer wrote last needs no reading.
+		var miss []string
+		for _, id := range ids {
+			if rt := s.cache.get(s, ctx, tx, id, now); rt != nil {
+				out[id] = rt
+			} else {
+				miss = append(miss, id)
+			}
+		}
+		ids = miss
+	}
+	return out, s.readRuns(ctx, tx, ids, now, out)
+}
+
+// readRuns reads (and on Postgres locks) runs with their steps into out.
+func (s *Store) readRuns(ctx context.Context, tx *sql.Tx, ids []string, now time.Time, out map[string]*runTx) error {
 	if len(ids) == 0 {
-		return out, nil
+		return nil
 	}
 	args := make([]any, len(ids))
 	for i, id := range ids {
@@ -51,36 +73,36 @@ func (s *Store) lockRuns(ctx context.Context, tx *sql.Tx, ids []string, now time
 	ph, args := in(args)
 	rows, err := tx.QueryContext(ctx, s.q(`SELECT `+runCols+`, r.event_seq FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE r.id IN (`+ph+`) ORDER BY r.id`+lockOf(s.d.LockRun)), args...)
 	if err != nil {
-		return nil, fmt.Errorf("lock runs: %w", err)
+		return fmt.Errorf("lock runs: %w", err)
 	}
 	for rows.Next() {
 		var seq int64
 		run, err := scanRun(scanTail{rows, &seq})
 		if err != nil {
 			rows.Close()
-			return nil, err
+			return err
 		}
 		out[run.ID] = &runTx{s: s, ctx: ctx, tx: tx, run: run, now: now, seq: seq, updatedAt: run.UpdatedAt}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, err
+		return err
 	}
 	rows, err = tx.QueryContext(ctx, s.q(`SELECT `+stepCols+` FROM step_runs WHERE run_id IN (`+ph+`) ORDER BY run_id, position`), args...)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer rows.Close()
 	for rows.Next() {
 		st, err := scanStep(rows)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if rt := out[st.RunID]; rt != nil {
 			rt.steps = append(rt.steps, st)
 		}
 	}
-	return out, rows.Err()
+	return rows.Err()
 }
 
 // lockOf qualifies the row lock to the runs table: FOR UPDATE on a join
@@ -112,13 +134,14 @@ type runTx struct {
 type runSnap struct {
 	runPtr    *store.Run
 	run       store.Run
+	stepPtrs  []*store.StepRun
 	steps     []store.StepRun
 	seq       int64
 	updatedAt time.Time
 }
 
 func (t *runTx) snapshot() runSnap {
-	sn := runSnap{runPtr: t.run, run: *t.run, steps: make([]store.StepRun, len(t.steps)), seq: t.seq, updatedAt: t.updatedAt}
+	sn := runSnap{runPtr: t.run, run: *t.run, stepPtrs: slices.Clone(t.steps), steps: make([]store.StepRun, len(t.steps)), seq: t.seq, updatedAt: t.updatedAt}
 	for i, s := range t.steps {
 		sn.steps[i] = *s
 	}
@@ -128,6 +151,7 @@ func (t *runTx) snapshot() runSnap {
 func (t *runTx) restore(sn runSnap) {
 	t.run = sn.runPtr
 	*t.run = sn.run
+	t.steps = sn.stepPtrs
 	for i, s := range t.steps {
 		*s = sn.steps[i]
 	}
@@ -152,12 +176,16 @@ func (t *runTx) UpdateRun(r *store.Run) error {
 }
 
 func (t *runTx) UpdateStep(st *store.StepRun) error {
-	if t.Step(st.Name) == nil {
+	i := slices.IndexFunc(t.steps, func(s *store.StepRun) bool { return s.Name == st.Name })
+	if i < 0 {
 		// Steps were read under the run's lock: one not among them does
 		// not exist.
 		return fmt.Errorf("update step %s: %w", st.Name, store.ErrNotFound)
 	}
 	st.RunID = t.run.ID
+	// st may be a copy: what later requests of the run read (in a batch,
+	// and from SQLite's run cache) is what is written.
+	t.steps[i] = st
 	t.cs.step(st)
 	return nil
 }
@@ -350,6 +378,7 @@ func (s *Store) FireDue(ctx context.Context, now time.Time, max int, lease time.
 				return fmt.Errorf("hold failed items: %w", err)
 			}
 		}
+		s.stage(runs)
 		return nil
 	})
 	if err != nil {

@@ -46,6 +46,7 @@ type Store struct {
 
 	closers []func() error
 	group   *groupCommit // SQLite: one writer applying requests in groups
+	cache   *runCache    // SQLite: runs as the writer last wrote them
 	hook    atomic.Pointer[func(store.Committed)]
 
 	written    atomic.Int64 // rows this server wrote
@@ -139,7 +140,16 @@ func (s *Store) ReadDB() *sql.DB { return s.r }
 // EnableGroupCommit makes writes go through one writer that commits up to
 // max requests at once (for a single-writer database such as SQLite).
 func (s *Store) EnableGroupCommit(max int) {
-	s.group = newGroupCommit(s.w, max)
+	s.cache = newRunCache(runCacheMax)
+	s.group = newGroupCommit(s.w, max, s.cache)
+}
+
+// stage keeps the runs a write request wrote for the requests after it
+// (SQLite); it is the request's last step.
+func (s *Store) stage(runs map[string]*runTx) {
+	if s.cache != nil {
+		s.cache.stage(runs)
+	}
 }
 
 // Close closes the pools and any extra resources.

@@ -384,7 +384,11 @@ func (s *Store) InTasks(ctx context.Context, ids []string, now time.Time, fn fun
 				return fn(i, &taskTx{s: s, ctx: ctx, cs: sub, task: t.task, run: rt, now: now, seq: t.seq})
 			})
 		}
-		return s.flush(ctx, tx, cs)
+		if err := s.flush(ctx, tx, cs); err != nil {
+			return err
+		}
+		s.stage(runs)
+		return nil
 	})
 	if err != nil {
 		return nil, err

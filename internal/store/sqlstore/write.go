@@ -37,11 +37,12 @@ func (s *Store) write(ctx context.Context, fn func(ctx context.Context, tx *sql.
 
 // groupCommit is the single writer of a SQLite store.
 type groupCommit struct {
-	db   *sql.DB
-	reqs chan *writeReq
-	max  int
-	stop chan struct{}
-	done sync.WaitGroup
+	db    *sql.DB
+	cache *runCache // may be nil
+	reqs  chan *writeReq
+	max   int
+	stop  chan struct{}
+	done  sync.WaitGroup
 }
 
 type writeReq struct {
@@ -51,8 +52,8 @@ type writeReq struct {
 	done chan struct{}
 }
 
-func newGroupCommit(db *sql.DB, max int) *groupCommit {
-	g := &groupCommit{db: db, reqs: make(chan *writeReq, 4*max), max: max, stop: make(chan struct{})}
+func newGroupCommit(db *sql.DB, max int, cache *runCache) *groupCommit {
+	g := &groupCommit{db: db, cache: cache, reqs: make(chan *writeReq, 4*max), max: max, stop: make(chan struct{})}
 	g.done.Add(1)
 	go g.loop()
 	return g
@@ -124,6 +125,21 @@ func (g *groupCommit) run(batch []*writeReq) {
 		finish(fmt.Errorf("begin: %w", err))
 		return
 	}
+	if g.cache != nil {
+		if err := g.cache.begin(context.Background(), tx); err != nil {
+			_ = tx.Rollback()
+			finish(err)
+			return
+		}
+	}
+	// fail gives up on the whole group: nothing of it is written.
+	fail := func(err error) {
+		_ = tx.Rollback()
+		if g.cache != nil {
+			g.cache.reset()
+		}
+		finish(err)
+	}
 	ok := 0
 	for _, r := range batch {
 		if err := r.ctx.Err(); err != nil {
@@ -141,20 +157,19 @@ func (g *groupCommit) run(batch []*writeReq) {
 			r.err = err
 			if _, rbErr := tx.Exec(`ROLLBACK TO w`); rbErr != nil {
 				// The transaction is unusable: give up on the whole group.
-				_ = tx.Rollback()
-				finish(fmt.Errorf("rollback to savepoint: %w", rbErr))
+				fail(fmt.Errorf("rollback to savepoint: %w", rbErr))
 				return
 			}
 		} else {
 			ok++
 		}
 		if _, err := tx.Exec(`RELEASE w`); err != nil {
-			_ = tx.Rollback()
-			finish(fmt.Errorf("release savepoint: %w", err))
+			fail(fmt.Errorf("release savepoint: %w", err))
 			return
 		}
 	}
 	if ok == 0 {
+		// Every request rolled back to its savepoint: none staged a run.
 		_ = tx.Rollback()
 		finish(nil)
 		return
@@ -164,8 +179,14 @@ func (g *groupCommit) run(batch []*writeReq) {
 		for _, r := range batch {
 			r.err = fmt.Errorf("commit: %w", err)
 		}
+		if g.cache != nil {
+			g.cache.reset()
+		}
 		finish(nil)
 		return
+	}
+	if g.cache != nil {
+		g.cache.commit()
 	}
 	finish(nil)
 }

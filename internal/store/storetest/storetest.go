@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -43,6 +44,13 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 						t.Fatal("open returned a nil store")
 					}
 					tc.fn(t, s)
+					// A store that keeps runs in memory (SQLite's run
+					// cache) must hold what its tables hold.
+					if v, ok := s.(interface{ VerifyRunCache(context.Context) error }); ok {
+						if err := v.VerifyRunCache(t.Context()); err != nil {
+							t.Errorf("run cache differs from the tables: %v", err)
+						}
+					}
 				})
 			}
 		})

@@ -1,0 +1,160 @@
+package sqlite_test
+
+import (
+	"encoding/json"
+	"errors"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/status"
+	"github.com/ferryhq/ferry/internal/store"
+	"github.com/ferryhq/ferry/internal/store/sqlite"
+	"github.com/ferryhq/ferry/internal/store/sqlstore"
+)
+
+// cacheStore opens a migrated store at path with one workflow and one run
+// of one pending step "a".
+func cacheStore(t *testing.T, path string) (*sqlstore.Store, string) {
+	t.Helper()
+	s, err := sqlite.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := t.Context()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wf, err := s.CreateWorkflow(ctx, &store.Workflow{Name: "c", Definition: json.RawMessage(`{}`), Fingerprint: "f", Enabled: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	r, _, err := s.CreateRun(ctx, &store.NewRun{
+		Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), StartedAt: now, ExpiresAt: now.Add(time.Hour)},
+		Steps: []*store.StepRun{{Name: "a", Type: "task", Status: status.StepPending}},
+	}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, r.ID
+}
+
+// bump adds one to step a's attempt (a copy is written, as callers may).
+func bump(tx store.RunTx) error {
+	st := *tx.Step("a")
+	st.Attempt++
+	st.Body = []byte(`{"n":1}`)
+	return tx.UpdateStep(&st)
+}
+
+func attemptOf(t *testing.T, s store.Store, runID string) int {
+	t.Helper()
+	_, steps, err := s.GetRun(t.Context(), runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return steps[0].Attempt
+}
+
+// TestRunCacheServesTheWritersOwnRuns: a run the writer just wrote is not
+// read again, and what it hands out is what the tables hold.
+func TestRunCacheServesTheWritersOwnRuns(t *testing.T) {
+	s, id := cacheStore(t, filepath.Join(t.TempDir(), "c.db"))
+	ctx := t.Context()
+	for range 3 {
+		if err := s.InRun(ctx, id, time.Now(), bump); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The first call read the run; the next two found it cached.
+	if got := s.RunCacheHits(); got != 2 {
+		t.Errorf("cache hits = %d, want 2", got)
+	}
+	if got := attemptOf(t, s, id); got != 3 {
+		t.Errorf("attempt = %d, want 3", got)
+	}
+	if err := s.VerifyRunCache(ctx); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestRunCacheDropsFailedRequests: concurrent requests on one run share
+// groups; those that fail after changing the run in memory leave no trace
+// in what later requests read.
+func TestRunCacheDropsFailedRequests(t *testing.T) {
+	s, id := cacheStore(t, filepath.Join(t.TempDir(), "c.db"))
+	ctx := t.Context()
+	boom := errors.New("boom")
+	const n = 90
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() {
+			errs[i] = s.InRun(ctx, id, time.Now(), func(tx store.RunTx) error {
+				if err := bump(tx); err != nil {
+					return err
+				}
+				if i%3 == 0 {
+					return boom
+				}
+				return tx.Append(store.NewEvent{Type: "bumped"})
+			})
+		})
+	}
+	wg.Wait()
+	ok := 0
+	for i, err := range errs {
+		switch {
+		case i%3 == 0 && !errors.Is(err, boom):
+			t.Errorf("request %d: err %v, want boom", i, err)
+		case i%3 != 0 && err != nil:
+			t.Errorf("request %d: %v", i, err)
+		case err == nil:
+			ok++
+		}
+	}
+	if got := attemptOf(t, s, id); got != ok {
+		t.Errorf("attempt = %d after %d successful increments", got, ok)
+	}
+	if s.RunCacheHits() == 0 {
+		t.Error("the cache was never used")
+	}
+	if err := s.VerifyRunCache(ctx); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestRunCacheSeesOtherWriters: a commit by another connection to the same
+// file (another process) empties the cache, so its change is not lost.
+func TestRunCacheSeesOtherWriters(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.db")
+	s, id := cacheStore(t, path)
+	ctx := t.Context()
+	if err := s.InRun(ctx, id, time.Now(), bump); err != nil { // cached now
+		t.Fatal(err)
+	}
+	other, err := sqlite.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := other.InRun(ctx, id, time.Now(), func(tx store.RunTx) error {
+		st := tx.Step("a")
+		st.Attempt = 40
+		return tx.UpdateStep(st)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.InRun(ctx, id, time.Now(), bump); err != nil {
+		t.Fatal(err)
+	}
+	if got := attemptOf(t, s, id); got != 41 {
+		t.Errorf("attempt = %d, want 41 (the other writer's 40, plus one)", got)
+	}
+	if err := s.VerifyRunCache(ctx); err != nil {
+		t.Error(err)
+	}
+}

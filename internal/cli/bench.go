@@ -15,7 +15,7 @@ import (
 func benchCmd() *cobra.Command {
 	var o bench.Options
 	var asJSON bool
-	var cpuProfile string
+	var cpuProfile, memProfile string
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure throughput and latency on an embedded engine (jobs, chain10, fanout, sleep)",
@@ -35,6 +35,14 @@ dropped afterwards.`,
 					return err
 				}
 				defer pprof.StopCPUProfile()
+			}
+			if memProfile != "" {
+				defer func() {
+					if f, err := os.Create(memProfile); err == nil {
+						_ = pprof.Lookup("allocs").WriteTo(f, 0)
+						f.Close()
+					}
+				}()
 			}
 			var w io.Writer
 			if asJSON {
@@ -59,6 +67,7 @@ dropped afterwards.`,
 	f.IntVar(&o.Repeat, "repeat", 1, "run each workload this many times and report the median run (by units/s)")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object per workload")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile (pprof) to this file")
+	f.StringVar(&memProfile, "memprofile", "", "write an allocation profile (pprof: -sample_index=alloc_space) to this file at the end")
 	return cmd
 }
 

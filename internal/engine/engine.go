@@ -179,7 +179,7 @@ func decide(st *spec.Step, states map[string]StepState, sc *lazyScope) Decision 
 	case spec.StepWebhook:
 		return Decision{Step: st.Name, Action: StartWait, Timeout: st.WaitTimeout}
 	case spec.StepTask:
-		payload, err := renderPayload(st, sc.get())
+		payload, err := renderPayload(st, sc)
 		if err != nil {
 			return Decision{Step: st.Name, Action: TemplateError, Reason: templateMessage(err)}
 		}
@@ -202,11 +202,12 @@ func templateMessage(err error) string {
 	return err.Error()
 }
 
-func renderPayload(st *spec.Step, sc *expr.Scope) (json.RawMessage, error) {
+func renderPayload(st *spec.Step, sc *lazyScope) (json.RawMessage, error) {
 	if !st.HasPayload {
+		// No scope: building it decodes every finished step's output.
 		return json.RawMessage("{}"), nil
 	}
-	v, err := expr.RenderJSON(st.Payload, sc)
+	v, err := expr.RenderJSON(st.Payload, sc.get())
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"database/sql"
 	"fmt"
 	"net/url"
+	"os"
 	"strings"
 
 	"github.com/ferryhq/ferry/internal/store/sqlstore"
@@ -19,24 +20,83 @@ import (
 // Open opens (creating if needed) the SQLite database at path. The path may
 // end in options: "ferry.db?synchronous=normal" trades the last commits
 // before a power loss (never a process crash) for fewer disk syncs; the
-// default is synchronous=full.
+// default is synchronous=full: nothing is answered before it is on disk.
 func Open(path string) (*sqlstore.Store, error) {
 	path, sync, err := parseOptions(path)
 	if err != nil {
 		return nil, err
 	}
-	w, r, err := openPools(path, sync)
+	return open(path, syncerFor(path, sync))
+}
+
+// syncerFor is what makes commits durable at a synchronous level: the WAL
+// synced by Ferry for full (the default), nothing for normal.
+func syncerFor(path, sync string) syncer {
+	if sync == "NORMAL" {
+		return nil
+	}
+	return &walFile{path: path + "-wal"}
+}
+
+// syncer makes every commit so far durable.
+type syncer interface {
+	sync() error
+	close() error
+}
+
+// open opens the store; with wal nil, answers do not wait for the disk.
+//
+// Full durability is not SQLite's synchronous=FULL, which syncs the WAL
+// inside every commit while the one writer waits: SQLite commits without
+// syncing (NORMAL, which still syncs around checkpoints), and the group
+// writer has wal synced before it answers the requests of the groups
+// committed so far, while it writes the next group
+// (sqlstore.EnableGroupCommit).
+func open(path string, wal syncer) (*sqlstore.Store, error) {
+	w, r, err := openPools(path, "NORMAL")
 	if err != nil {
 		return nil, err
+	}
+	var closers []func() error
+	var syncWAL func() error
+	if wal != nil {
+		closers, syncWAL = append(closers, wal.close), wal.sync
 	}
 	st := sqlstore.New(sqlstore.Dialect{
 		Name:     "sqlite",
 		IsUnique: func(err error) bool { return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed") },
-	}, w, r)
-	// SQLite has one writer and syncs the WAL at every commit: group many
-	// writers' requests into one transaction and one sync.
-	st.EnableGroupCommit(GroupCommitMax)
+	}, w, r, closers...)
+	// SQLite has one writer: group many writers' requests into one
+	// transaction, and one disk sync.
+	st.EnableGroupCommit(GroupCommitMax, syncWAL)
 	return st, nil
+}
+
+// walFile syncs the database's write-ahead log. fsync on any descriptor of
+// a file makes all of its written data durable, so this one, opened next
+// to SQLite's own, covers every frame SQLite wrote before the call. Only the
+// group writer's sync goroutine calls sync.
+type walFile struct {
+	path string
+	f    *os.File
+}
+
+func (w *walFile) sync() error {
+	if w.f == nil {
+		f, err := os.OpenFile(w.path, os.O_RDWR, 0)
+		if err != nil {
+			return fmt.Errorf("open write-ahead log: %w", err)
+		}
+		w.f = f
+	}
+	return w.f.Sync()
+}
+
+func (w *walFile) close() error {
+	if w.f == nil {
+		return nil
+	}
+	return w.f.Close()
 }
 
 // parseOptions splits "file.db?synchronous=normal" into the path and the

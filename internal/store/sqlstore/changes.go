@@ -218,42 +218,69 @@ func (s *Store) updateRows(ctx context.Context, w execer, table string, keys, se
 	for len(rows) > 0 {
 		batch := rows[:chunk(len(rows), per)]
 		rows = rows[len(batch):]
-		var sb strings.Builder
-		sb.WriteString("UPDATE " + table + " SET ")
-		for i, c := range set {
-			if i > 0 {
-				sb.WriteString(", ")
-			}
-			fmt.Fprintf(&sb, "%s = v.column%d", c, len(keys)+i+1)
-		}
-		sb.WriteString(" FROM (VALUES ")
 		args := make([]any, 0, len(batch)*len(types))
-		for i, r := range batch {
-			if i > 0 {
-				sb.WriteByte(',')
-			}
-			sb.WriteByte('(')
-			for j := range r {
-				if j > 0 {
-					sb.WriteByte(',')
-				}
-				sb.WriteString("CAST(? AS " + s.cast(types[j]) + ")")
-			}
-			sb.WriteByte(')')
+		for _, r := range batch {
 			args = append(args, r...)
 		}
-		sb.WriteString(") AS v WHERE ")
-		for i, k := range keys {
-			if i > 0 {
-				sb.WriteString(" AND ")
-			}
-			fmt.Fprintf(&sb, "%s.%s = v.column%d", table, k, i+1)
-		}
-		if _, err := w.ExecContext(ctx, s.q(sb.String()), args...); err != nil {
+		q := s.stmt(stmtKey{"update", table, len(batch)}, func() string {
+			return s.updateText(table, keys, set, types, len(batch))
+		})
+		if _, err := w.ExecContext(ctx, q, args...); err != nil {
 			return fmt.Errorf("update %s: %w", table, err)
 		}
 	}
 	return nil
+}
+
+// stmtKey names a generated statement: its kind, table and row count
+// (the columns of each table's statements never change).
+type stmtKey struct {
+	kind, table string
+	rows        int
+}
+
+// stmt is the generated statement for k, built once.
+func (s *Store) stmt(k stmtKey, build func() string) string {
+	if q, ok := s.stmts.Load(k); ok {
+		return q.(string)
+	}
+	q := s.q(build())
+	s.stmts.Store(k, q)
+	return q
+}
+
+// updateText is UPDATE … FROM (VALUES …) for n rows.
+func (s *Store) updateText(table string, keys, set, types []string, n int) string {
+	var sb strings.Builder
+	sb.WriteString("UPDATE " + table + " SET ")
+	for i, c := range set {
+		if i > 0 {
+			sb.WriteString(", ")
+		}
+		fmt.Fprintf(&sb, "%s = v.column%d", c, len(keys)+i+1)
+	}
+	sb.WriteString(" FROM (VALUES ")
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		sb.WriteByte('(')
+		for j := range types {
+			if j > 0 {
+				sb.WriteByte(',')
+			}
+			sb.WriteString("CAST(? AS " + s.cast(types[j]) + ")")
+		}
+		sb.WriteByte(')')
+	}
+	sb.WriteString(") AS v WHERE ")
+	for i, k := range keys {
+		if i > 0 {
+			sb.WriteString(" AND ")
+		}
+		fmt.Fprintf(&sb, "%s.%s = v.column%d", table, k, i+1)
+	}
+	return sb.String()
 }
 
 // insertRows inserts rows of len(cols) values each, in multi-row INSERTs.
@@ -263,17 +290,22 @@ func (s *Store) insertRows(ctx context.Context, w execer, table, cols string, n 
 	for len(rows) > 0 {
 		batch := rows[:chunk(len(rows), per)]
 		rows = rows[len(batch):]
-		var sb strings.Builder
-		sb.WriteString("INSERT INTO " + table + " (" + cols + ") VALUES ")
 		args := make([]any, 0, len(batch)*n)
-		for i, r := range batch {
-			if i > 0 {
-				sb.WriteByte(',')
-			}
-			sb.WriteString(ph)
+		for _, r := range batch {
 			args = append(args, r...)
 		}
-		if _, err := w.ExecContext(ctx, s.q(sb.String()), args...); err != nil {
+		q := s.stmt(stmtKey{"insert", table, len(batch)}, func() string {
+			var sb strings.Builder
+			sb.WriteString("INSERT INTO " + table + " (" + cols + ") VALUES ")
+			for i := range batch {
+				if i > 0 {
+					sb.WriteByte(',')
+				}
+				sb.WriteString(ph)
+			}
+			return sb.String()
+		})
+		if _, err := w.ExecContext(ctx, q, args...); err != nil {
 			return fmt.Errorf("insert %s: %w", table, err)
 		}
 	}

@@ -101,23 +101,30 @@ func (c *runCache) reset() {
 	clear(c.staged)
 }
 
-// get is a private copy of the run's latest state in this group, if known.
-func (c *runCache) get(s *Store, ctx context.Context, tx *sql.Tx, id string, now time.Time) *runTx {
-	e, ok := c.staged[id]
-	if !ok {
-		e = c.entries[id]
-	}
+// take hands over the run's latest state in this group, if known: the
+// entry leaves the cache (it comes back, as a fresh copy, when the request
+// that took it stages its writes), so nothing the caller does to it can
+// reach the cache.
+func (c *runCache) take(s *Store, ctx context.Context, tx *sql.Tx, id string, now time.Time) *runTx {
+	e := c.peek(id)
 	if e == nil {
 		return nil
 	}
+	c.staged[id] = nil
 	c.hits.Add(1)
-	run := e.run
-	run.FinishedAt = clonePtr(run.FinishedAt)
-	rt := &runTx{s: s, ctx: ctx, tx: tx, run: &run, now: now, seq: e.seq, updatedAt: e.updatedAt, steps: make([]*store.StepRun, len(e.steps))}
+	rt := &runTx{s: s, ctx: ctx, tx: tx, run: &e.run, now: now, seq: e.seq, updatedAt: e.updatedAt, steps: make([]*store.StepRun, len(e.steps))}
 	for i := range e.steps {
-		rt.steps[i] = cloneStep(&e.steps[i])
+		rt.steps[i] = &e.steps[i]
 	}
 	return rt
+}
+
+// peek is the run's latest state in this group, if known.
+func (c *runCache) peek(id string) *cachedRun {
+	if e, ok := c.staged[id]; ok {
+		return e
+	}
+	return c.entries[id]
 }
 
 // stage records the state the open group wrote for these runs. It must be
@@ -147,18 +154,6 @@ func (c *runCache) stage(runs map[string]*runTx) {
 		}
 		c.staged[id] = e
 	}
-}
-
-// cloneStep copies a step, pointers included; the byte slices and maps are
-// never changed in place, only replaced, so they are shared.
-func cloneStep(st *store.StepRun) *store.StepRun {
-	cp := *st
-	cp.StatusCode = clonePtr(st.StatusCode)
-	cp.DurationMS = clonePtr(st.DurationMS)
-	cp.WakeAt = clonePtr(st.WakeAt)
-	cp.StartedAt = clonePtr(st.StartedAt)
-	cp.FinishedAt = clonePtr(st.FinishedAt)
-	return &cp
 }
 
 func dbTime(t time.Time) time.Time { return fromTS(ts(t)) }
@@ -204,9 +199,13 @@ func (s *Store) VerifyRunCache(ctx context.Context) error {
 			ids[id] = true
 		}
 		for id := range ids {
-			got := s.cache.get(s, ctx, tx, id, time.Time{})
-			if got == nil {
+			e := s.cache.peek(id)
+			if e == nil {
 				continue
+			}
+			got := &runTx{run: &e.run, seq: e.seq, updatedAt: e.updatedAt}
+			for i := range e.steps {
+				got.steps = append(got.steps, &e.steps[i])
 			}
 			want := map[string]*runTx{}
 			if err := s.readRuns(ctx, tx, []string{id}, time.Time{}, want); err != nil {

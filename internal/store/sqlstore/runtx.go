@@ -50,7 +50,7 @@ func (s *Store) lockRuns(ctx context.Context, tx *sql.Tx, ids []string, now time
 		// SQLite: what this writer wrote last needs no reading.
 		var miss []string
 		for _, id := range ids {
-			if rt := s.cache.get(s, ctx, tx, id, now); rt != nil {
+			if rt := s.cache.take(s, ctx, tx, id, now); rt != nil {
 				out[id] = rt
 			} else {
 				miss = append(miss, id)

@@ -57,6 +57,7 @@ type Store struct {
 	bg         sync.WaitGroup
 
 	qcache  sync.Map // query text -> dialect text
+	stmts   sync.Map // stmtKey -> generated statement (dialect text)
 	qcached atomic.Int64
 }
 
@@ -138,10 +139,13 @@ func (s *Store) DB() *sql.DB { return s.w }
 func (s *Store) ReadDB() *sql.DB { return s.r }
 
 // EnableGroupCommit makes writes go through one writer that commits up to
-// max requests at once (for a single-writer database such as SQLite).
-func (s *Store) EnableGroupCommit(max int) {
+// max requests at once (for a single-writer database such as SQLite). With
+// sync, commits need not be durable when they return: sync makes every
+// commit so far durable, and requests are answered only after it (see
+// groupCommit).
+func (s *Store) EnableGroupCommit(max int, sync func() error) {
 	s.cache = newRunCache(runCacheMax)
-	s.group = newGroupCommit(s.w, max, s.cache)
+	s.group = newGroupCommit(s.w, max, s.cache, sync)
 }
 
 // stage keeps the runs a write request wrote for the requests after it

@@ -36,13 +36,24 @@ func (s *Store) write(ctx context.Context, fn func(ctx context.Context, tx *sql.
 }
 
 // groupCommit is the single writer of a SQLite store.
+//
+// With a sync function (SQLite's default durability), the database commits
+// without waiting for the disk and the writer goes on with the next group
+// at once, while a second goroutine makes the committed groups durable —
+// one sync for every group committed meanwhile — and only then answers
+// their requests. The disk's sync time, which was as long as the rest of a
+// group's work, no longer holds up the writer, and nothing is acknowledged
+// before it is durable.
 type groupCommit struct {
-	db    *sql.DB
-	cache *runCache // may be nil
-	reqs  chan *writeReq
-	max   int
-	stop  chan struct{}
-	done  sync.WaitGroup
+	db     *sql.DB
+	cache  *runCache // may be nil
+	reqs   chan *writeReq
+	max    int
+	stop   chan struct{}
+	done   sync.WaitGroup
+	sync   func() error     // nil: a commit is durable when it returns
+	synced chan []*writeReq // committed groups waiting for the sync
+	sdone  sync.WaitGroup
 }
 
 type writeReq struct {
@@ -52,11 +63,48 @@ type writeReq struct {
 	done chan struct{}
 }
 
-func newGroupCommit(db *sql.DB, max int, cache *runCache) *groupCommit {
-	g := &groupCommit{db: db, cache: cache, reqs: make(chan *writeReq, 4*max), max: max, stop: make(chan struct{})}
+func newGroupCommit(db *sql.DB, max int, cache *runCache, sync func() error) *groupCommit {
+	g := &groupCommit{db: db, cache: cache, reqs: make(chan *writeReq, 4*max), max: max, stop: make(chan struct{}), sync: sync}
 	g.done.Add(1)
 	go g.loop()
+	if sync != nil {
+		g.synced = make(chan []*writeReq, 64)
+		g.sdone.Add(1)
+		go g.syncLoop()
+	}
 	return g
+}
+
+// syncLoop makes committed groups durable, then answers their requests,
+// in commit order. Groups that commit while a sync runs share the next.
+func (g *groupCommit) syncLoop() {
+	defer g.sdone.Done()
+	for first := range g.synced {
+		groups := [][]*writeReq{first}
+	more:
+		for {
+			select {
+			case b, ok := <-g.synced:
+				if !ok {
+					break more
+				}
+				groups = append(groups, b)
+			default:
+				break more
+			}
+		}
+		err := g.sync()
+		for _, b := range groups {
+			for _, r := range b {
+				if err != nil && r.err == nil {
+					// Committed, but not known to be on disk: the caller
+					// must not take it as done.
+					r.err = fmt.Errorf("sync: %w", err)
+				}
+				close(r.done)
+			}
+		}
+	}
 }
 
 func (g *groupCommit) do(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
@@ -77,11 +125,15 @@ func (g *groupCommit) do(ctx context.Context, fn func(ctx context.Context, tx *s
 func (g *groupCommit) close() {
 	close(g.stop)
 	g.done.Wait()
+	if g.synced != nil {
+		close(g.synced)
+		g.sdone.Wait()
+	}
 }
 
 func (g *groupCommit) loop() {
 	defer g.done.Done()
-	batch := make([]*writeReq, 0, g.max)
+	var batch []*writeReq
 	for {
 		select {
 		case <-g.stop:
@@ -96,7 +148,9 @@ func (g *groupCommit) loop() {
 				}
 			}
 		case r := <-g.reqs:
-			batch = append(batch[:0], r)
+			// A new slice: a committed group may still wait for its sync.
+			batch = make([]*writeReq, 1, g.max)
+			batch[0] = r
 		}
 	drain:
 		for len(batch) < g.max {
@@ -187,6 +241,10 @@ func (g *groupCommit) run(batch []*writeReq) {
 	}
 	if g.cache != nil {
 		g.cache.commit()
+	}
+	if g.sync != nil {
+		g.synced <- batch // answered once durable
+		return
 	}
 	finish(nil)
 }

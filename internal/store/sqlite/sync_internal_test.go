@@ -1,0 +1,114 @@
+package sqlite
+
+import (
+	"encoding/json"
+	"errors"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/store"
+)
+
+// gateSync is a WAL syncer the test holds and releases.
+type gateSync struct {
+	entered chan struct{}
+	release chan error
+	calls   atomic.Int32
+}
+
+func (g *gateSync) sync() error {
+	g.calls.Add(1)
+	g.entered <- struct{}{}
+	return <-g.release
+}
+
+func (g *gateSync) close() error { return nil }
+
+func openGated(t *testing.T) (store.Store, *gateSync) {
+	t.Helper()
+	g := &gateSync{entered: make(chan struct{}), release: make(chan error)}
+	s, err := open(filepath.Join(t.TempDir(), "s.db"), g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, g
+}
+
+func createTask(t *testing.T, s store.Store) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := s.CreateTask(t.Context(), &store.Task{Type: "x.y.v1", Payload: json.RawMessage(`{}`), RunAt: time.Now()}, time.Now())
+		done <- err
+	}()
+	return done
+}
+
+// TestAnswersWaitForTheWALSync: a write is answered only after the WAL was
+// synced following its commit, and a failed sync fails it.
+func TestAnswersWaitForTheWALSync(t *testing.T) {
+	s, g := openGated(t)
+	done := createTask(t, s)
+	<-g.entered // committed; the sync has begun
+	select {
+	case err := <-done:
+		t.Fatalf("answered (err %v) before the WAL sync finished", err)
+	default:
+	}
+	g.release <- nil
+	if err := <-done; err != nil {
+		t.Fatalf("CreateTask: %v", err)
+	}
+
+	boom := errors.New("disk gone")
+	done = createTask(t, s)
+	<-g.entered
+	g.release <- boom
+	if err := <-done; !errors.Is(err, boom) {
+		t.Fatalf("err = %v after a failed sync, want it to wrap %v", err, boom)
+	}
+}
+
+// TestDefaultSyncsTheWAL: the default (synchronous=full) syncs the
+// database's WAL file; synchronous=normal syncs nothing.
+func TestDefaultSyncsTheWAL(t *testing.T) {
+	for _, c := range []struct {
+		opts string
+		want bool
+	}{{"", true}, {"?synchronous=full", true}, {"?synchronous=FULL", true}, {"?synchronous=normal", false}} {
+		path, sync, err := parseOptions("/data/f.db" + c.opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sy := syncerFor(path, sync)
+		if got := sy != nil; got != c.want {
+			t.Errorf("%q: syncs = %v, want %v", c.opts, got, c.want)
+		}
+		if w, ok := sy.(*walFile); ok && w.path != "/data/f.db-wal" {
+			t.Errorf("%q: syncs %s, want the WAL /data/f.db-wal", c.opts, w.path)
+		}
+	}
+	// The WAL it names is the one SQLite writes, and it can be synced.
+	path := filepath.Join(t.TempDir(), "w.db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	w := syncerFor(path, "FULL")
+	defer w.close()
+	if err := w.sync(); err != nil {
+		t.Errorf("sync the WAL of a live database: %v", err)
+	}
+	if err := syncerFor(filepath.Join(t.TempDir(), "none.db"), "").sync(); err == nil {
+		t.Error("syncing a WAL that does not exist succeeded")
+	}
+}

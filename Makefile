@@ -4,8 +4,10 @@ PKGS := ./...
 
 .PHONY: test vet fmt build run bench fuzz
 
+# FERRY_RUNCACHE_CHECK: every run SQLite's writer takes from its cache is
+# compared with the tables (a difference fails the write).
 test: fmt vet
-	$(GO) test -race -count=1 -timeout 12m $(PKGS)
+	FERRY_RUNCACHE_CHECK=1 $(GO) test -race -count=1 -timeout 12m $(PKGS)
 
 vet:
 	$(GO) vet $(PKGS)

@@ -300,3 +300,20 @@ func TestValidationErrorsOverAPI(t *testing.T) {
 		}
 	})
 }
+
+// TestEmptyResponseBodyThenSleep: a step answered 204 (an empty body)
+// followed by a sleep: the run reads back the step exactly as stored (on
+// SQLite the writer's run cache is checked against the tables at cleanup).
+func TestEmptyResponseBodyThenSleep(t *testing.T) {
+	backends(t, func(t *testing.T, db string) {
+		e := newEnv(t, db)
+		e.up.handle("/empty", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
+		e.createWorkflow(fmt.Sprintf(`{"name": "empty", "tasks": {"a": {"url": "%s/empty"}, "b": {"needs": ["a"], "sleep": "1h"}}}`, e.up.URL))
+		id := e.trigger("empty", `{}`)
+		run := e.waitStep(id, "b", "sleeping")
+		a := task(run, "a")
+		if code, _ := a["status_code"].(float64); a["status"] != "success" || code != http.StatusNoContent {
+			t.Errorf("step a: status %v, status_code %v; want success, 204", a["status"], a["status_code"])
+		}
+	})
+}

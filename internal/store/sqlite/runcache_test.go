@@ -158,3 +158,56 @@ func TestRunCacheSeesOtherWriters(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestRunCacheKeepsOnlyWhatWasWritten: the cache holds the tables' state,
+// not the request's memory: changes never written, partial step copies,
+// empty bodies and a renamed workflow all read back as from the table.
+func TestRunCacheKeepsOnlyWhatWasWritten(t *testing.T) {
+	s, id := cacheStore(t, filepath.Join(t.TempDir(), "c.db"))
+	ctx := t.Context()
+	steps := []func(tx store.RunTx) error{
+		bump, // cached from here on
+		func(tx store.RunTx) error { // changed in memory, never written
+			tx.Step("a").Attempt = 70
+			tx.Run().Error = "not written"
+			return nil
+		},
+		func(tx store.RunTx) error { // a partial copy of the step
+			return tx.UpdateStep(&store.StepRun{Name: "a", Status: status.StepRunning, Attempt: 5})
+		},
+		func(tx store.RunTx) error { // empty body and request
+			st := tx.Step("a")
+			st.Body, st.Request = []byte{}, json.RawMessage{}
+			return tx.UpdateStep(st)
+		},
+	}
+	for i, fn := range steps {
+		if err := s.InRun(ctx, id, time.Now(), fn); err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if err := s.VerifyRunCache(ctx); err != nil {
+			t.Fatalf("after request %d: %v", i, err)
+		}
+	}
+	run, _, err := s.GetRun(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.UpdateWorkflow(ctx, run.WorkflowID, &store.Workflow{Name: "renamed", Definition: json.RawMessage(`{}`), Fingerprint: "f", Enabled: true}); err != nil {
+		t.Fatal(err)
+	}
+	var name, typ string
+	var attempt int
+	if err := s.InRun(ctx, id, time.Now(), func(tx store.RunTx) error {
+		name, typ, attempt = tx.Run().WorkflowName, tx.Step("a").Type, tx.Step("a").Attempt
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if name != "renamed" || typ != "task" || attempt != 5 {
+		t.Errorf("read back workflow %q, step type %q, attempt %d; want renamed, task, 5", name, typ, attempt)
+	}
+	if err := s.VerifyRunCache(ctx); err != nil {
+		t.Error(err)
+	}
+}

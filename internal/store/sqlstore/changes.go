@@ -139,9 +139,12 @@ func createdLeased(t *store.Task) bool {
 	return t.Status == status.TaskLeased && t.LeaseUntil != nil
 }
 
+// step records a step to write; one row per step, the latest copy (two in
+// one UPDATE … FROM would leave which one wins to the database).
 func (c *changeset) step(s *store.StepRun) {
-	for _, x := range c.steps {
-		if x == s {
+	for i, x := range c.steps {
+		if x == s || (x.RunID == s.RunID && x.Name == s.Name) {
+			c.steps[i] = s
 			return
 		}
 	}

@@ -39,6 +39,13 @@ type runCache struct {
 	staged      map[string]*cachedRun // written by the open group
 	dataVersion int64
 	hits        atomic.Int64
+	// outside counts commits on the writer's connection that bypass the
+	// group (a workflow rename changes what runs read); begin empties the
+	// cache when it moved. data_version misses those: same connection.
+	outside     atomic.Int64
+	seenOutside int64
+	// check compares every hit with the tables (tests: FERRY_RUNCACHE_CHECK).
+	check bool
 }
 
 // cachedRun is a run as committed, with its steps in position order.
@@ -68,9 +75,9 @@ func (c *runCache) begin(ctx context.Context, tx *sql.Tx) error {
 	if err := tx.QueryRowContext(ctx, `PRAGMA data_version`).Scan(&v); err != nil {
 		return fmt.Errorf("data version: %w", err)
 	}
-	if v != c.dataVersion {
+	if o := c.outside.Load(); v != c.dataVersion || o != c.seenOutside {
 		c.reset()
-		c.dataVersion = v
+		c.dataVersion, c.seenOutside = v, o
 	}
 	return nil
 }
@@ -101,10 +108,9 @@ func (c *runCache) reset() {
 	clear(c.staged)
 }
 
-// take hands over the run's latest state in this group, if known: the
-// entry leaves the cache (it comes back, as a fresh copy, when the request
-// that took it stages its writes), so nothing the caller does to it can
-// reach the cache.
+// take is the run's latest state in this group, if known, as a runTx of
+// private copies; the entry itself becomes the runTx's base (see stage),
+// and it leaves the cache until the request that took it stages.
 func (c *runCache) take(s *Store, ctx context.Context, tx *sql.Tx, id string, now time.Time) *runTx {
 	e := c.peek(id)
 	if e == nil {
@@ -112,11 +118,27 @@ func (c *runCache) take(s *Store, ctx context.Context, tx *sql.Tx, id string, no
 	}
 	c.staged[id] = nil
 	c.hits.Add(1)
-	rt := &runTx{s: s, ctx: ctx, tx: tx, run: &e.run, now: now, seq: e.seq, updatedAt: e.updatedAt, steps: make([]*store.StepRun, len(e.steps))}
+	return e.runTx(s, ctx, tx, now)
+}
+
+// runTx hands out copies of e, with e as their base.
+func (e *cachedRun) runTx(s *Store, ctx context.Context, tx *sql.Tx, now time.Time) *runTx {
+	run := e.run
+	rt := &runTx{s: s, ctx: ctx, tx: tx, run: &run, now: now, seq: e.seq, updatedAt: e.updatedAt, steps: make([]*store.StepRun, len(e.steps)), base: e}
 	for i := range e.steps {
-		rt.steps[i] = &e.steps[i]
+		st := e.steps[i]
+		rt.steps[i] = &st
 	}
 	return rt
+}
+
+// baseOf is the private image of a run read from the tables.
+func baseOf(rt *runTx) *cachedRun {
+	e := &cachedRun{run: *rt.run, seq: rt.seq, updatedAt: rt.updatedAt, steps: make([]store.StepRun, len(rt.steps))}
+	for i, st := range rt.steps {
+		e.steps[i] = *st
+	}
+	return e
 }
 
 // peek is the run's latest state in this group, if known.
@@ -127,26 +149,42 @@ func (c *runCache) peek(id string) *cachedRun {
 	return c.entries[id]
 }
 
-// stage records the state the open group wrote for these runs. It must be
-// a request's last step: what it stages is final if the group commits.
-func (c *runCache) stage(runs map[string]*runTx) {
+// stage records, for the runs of a request, the state its changeset cs
+// wrote: each run's base (as read) with the written columns laid over it,
+// so that anything changed in memory but not written is not kept. It must
+// be the request's last step: what it stages is final if the group
+// commits.
+func (c *runCache) stage(runs map[string]*runTx, cs *changeset) {
+	written := map[string]bool{}
+	for _, r := range cs.runs {
+		written[r.run.ID] = true
+	}
+	steps := map[[2]string]*store.StepRun{}
+	for _, st := range cs.steps {
+		steps[[2]string{st.RunID, st.Name}] = st
+	}
 	for id, rt := range runs {
-		if status.RunTerminal(rt.run.Status) {
-			c.staged[id] = nil // nothing more happens to it: drop it
+		e := rt.base
+		if e == nil || status.RunTerminal(rt.run.Status) {
+			c.staged[id] = nil // not ours to keep, or nothing more happens to it
 			continue
 		}
-		// Times as the database returns them (UTC, microseconds): a run
-		// read from the cache is the run read from the table.
-		e := &cachedRun{run: *rt.run, seq: rt.seq, updatedAt: dbTime(rt.updatedAt), steps: make([]store.StepRun, len(rt.steps))}
-		e.run.UpdatedAt = e.updatedAt
-		e.run.ExpiresAt, e.run.StartedAt, e.run.FinishedAt = dbTime(e.run.ExpiresAt), dbTime(e.run.StartedAt), dbTimePtr(e.run.FinishedAt)
-		size := 0
-		for i, st := range rt.steps {
-			cp := *st
-			cp.StatusCode, cp.DurationMS = clonePtr(st.StatusCode), clonePtr(st.DurationMS)
-			cp.WakeAt, cp.StartedAt, cp.FinishedAt = dbTimePtr(st.WakeAt), dbTimePtr(st.StartedAt), dbTimePtr(st.FinishedAt)
-			e.steps[i] = cp
-			size += len(st.Body) + len(st.Request)
+		rt.base = nil // e becomes the cached state: no one else may change it
+		if written[id] {
+			// The columns flush writes for a run (runSet), as the table
+			// returns them: UTC, microseconds.
+			r := rt.run
+			e.run.Status, e.run.Error, e.run.FinishedAt = r.Status, r.Error, dbTimePtr(r.FinishedAt)
+			e.updatedAt = dbTime(rt.updatedAt)
+			e.run.UpdatedAt, e.seq = e.updatedAt, rt.seq
+		}
+		size := len(e.run.Input) + len(e.run.Error)
+		for i := range e.steps {
+			b := &e.steps[i]
+			if st := steps[[2]string{id, b.Name}]; st != nil {
+				overlayStep(b, st)
+			}
+			size += len(b.Body) + len(b.Request) + len(b.Error)
 		}
 		if size > runCacheBodyMax {
 			c.staged[id] = nil
@@ -154,6 +192,22 @@ func (c *runCache) stage(runs map[string]*runTx) {
 		}
 		c.staged[id] = e
 	}
+}
+
+// overlayStep lays the columns flush writes for a step (stepSet) over b,
+// as the table returns them.
+func overlayStep(b, st *store.StepRun) {
+	b.Status, b.Attempt, b.CallbackToken = st.Status, st.Attempt, st.CallbackToken
+	b.StatusCode, b.DurationMS = clonePtr(st.StatusCode), clonePtr(st.DurationMS)
+	b.Request, b.Body, b.Headers = st.Request, st.Body, st.Headers
+	if len(b.Request) == 0 {
+		b.Request = nil // written as NULL
+	}
+	if len(b.Body) == 0 {
+		b.Body = nil // an empty blob reads back as nil
+	}
+	b.Truncated, b.Blocked, b.Error = st.Truncated, st.Blocked, st.Error
+	b.WakeAt, b.StartedAt, b.FinishedAt = dbTimePtr(st.WakeAt), dbTimePtr(st.StartedAt), dbTimePtr(st.FinishedAt)
 }
 
 func dbTime(t time.Time) time.Time { return fromTS(ts(t)) }
@@ -228,13 +282,52 @@ func (s *Store) VerifyRunCache(ctx context.Context) error {
 	return diff
 }
 
-// runImage is a run and its steps as the columns they are stored in.
+// checkHits compares runs taken from the cache with the tables.
+func (s *Store) checkHits(ctx context.Context, tx *sql.Tx, hits map[string]*runTx) error {
+	for id, got := range hits {
+		want := map[string]*runTx{}
+		if err := s.readRuns(ctx, tx, []string{id}, got.now, want); err != nil {
+			return err
+		}
+		if want[id] == nil {
+			return fmt.Errorf("run cache: run %s is cached but not in the table", id)
+		}
+		if g, w := runImage(got), runImage(want[id]); g != w {
+			return fmt.Errorf("run cache: run %s differs from the table:\ncache %s\ntable %s", id, g, w)
+		}
+	}
+	return nil
+}
+
+// runImage is a run and its steps, every field, nil-ness and time zones
+// included.
 func runImage(rt *runTx) string {
 	r := rt.run
 	var b strings.Builder
-	fmt.Fprintf(&b, "run %v\n", []any{r.ID, r.WorkflowID, r.WorkflowName, r.Version, r.Status, string(r.Input), mustJSON(r.TriggerHeaders), r.IdempotencyKey, r.Error, ts(r.ExpiresAt), ts(r.StartedAt), tsPtr(r.FinishedAt), ts(r.UpdatedAt), ts(rt.updatedAt), rt.seq})
+	fmt.Fprintf(&b, "run %#v\n", []any{r.ID, r.WorkflowID, r.WorkflowName, r.Version, r.Status, bytesImage(r.Input), r.TriggerHeaders == nil, mustJSON(r.TriggerHeaders), r.IdempotencyKey, r.Error, timeImage(&r.ExpiresAt), timeImage(&r.StartedAt), timeImage(r.FinishedAt), timeImage(&r.UpdatedAt), timeImage(&rt.updatedAt), rt.seq})
 	for _, st := range rt.steps {
-		fmt.Fprintf(&b, "step %v\n", append([]any{st.RunID, st.Name, st.Position, st.Type}, stepArgs(st)...))
+		fmt.Fprintf(&b, "step %#v\n", []any{st.RunID, st.Name, st.Position, st.Type, st.Status, st.Attempt, st.CallbackToken, intImage(st.StatusCode), intImage(st.DurationMS), bytesImage(st.Request), bytesImage(st.Body), st.Headers == nil, mustJSON(st.Headers), st.Truncated, st.Blocked, st.Error, timeImage(st.WakeAt), timeImage(st.StartedAt), timeImage(st.FinishedAt)})
 	}
 	return b.String()
+}
+
+func timeImage(t *time.Time) string {
+	if t == nil {
+		return "nil"
+	}
+	return t.Format(time.RFC3339Nano) + " " + t.Location().String()
+}
+
+func bytesImage(b []byte) string {
+	if b == nil {
+		return "nil"
+	}
+	return "[" + string(b) + "]"
+}
+
+func intImage[T int | int64](p *T) string {
+	if p == nil {
+		return "nil"
+	}
+	return fmt.Sprint(*p)
 }

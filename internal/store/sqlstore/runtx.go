@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -33,7 +34,7 @@ func (s *Store) InRun(ctx context.Context, runID string, now time.Time, fn func(
 		if err := s.flush(ctx, tx, cs); err != nil {
 			return err
 		}
-		s.stage(runs)
+		s.stage(runs, cs)
 		return nil
 	})
 	if err == nil {
@@ -46,19 +47,32 @@ func (s *Store) InRun(ctx context.Context, runID string, now time.Time, fn func(
 // that does not exist is left out.
 func (s *Store) lockRuns(ctx context.Context, tx *sql.Tx, ids []string, now time.Time) (map[string]*runTx, error) {
 	out := make(map[string]*runTx, len(ids))
-	if s.cache != nil {
-		// SQLite: what this writer wrote last needs no reading.
-		var miss []string
-		for _, id := range ids {
-			if rt := s.cache.take(s, ctx, tx, id, now); rt != nil {
-				out[id] = rt
-			} else {
-				miss = append(miss, id)
-			}
-		}
-		ids = miss
+	if s.cache == nil {
+		return out, s.readRuns(ctx, tx, ids, now, out)
 	}
-	return out, s.readRuns(ctx, tx, ids, now, out)
+	// SQLite: what this writer wrote last needs no reading.
+	var miss []string
+	for _, id := range ids {
+		if rt := s.cache.take(s, ctx, tx, id, now); rt != nil {
+			out[id] = rt
+		} else {
+			miss = append(miss, id)
+		}
+	}
+	if s.cache.check {
+		if err := s.checkHits(ctx, tx, out); err != nil {
+			return nil, err
+		}
+	}
+	read := make(map[string]*runTx, len(miss))
+	if err := s.readRuns(ctx, tx, miss, now, read); err != nil {
+		return nil, err
+	}
+	for id, rt := range read {
+		rt.base = baseOf(rt)
+		out[id] = rt
+	}
+	return out, nil
 }
 
 // readRuns reads (and on Postgres locks) runs with their steps into out.
@@ -126,6 +140,7 @@ type runTx struct {
 	now       time.Time
 	seq       int64
 	updatedAt time.Time
+	base      *cachedRun // SQLite: the run as read, private; see runCache.stage
 }
 
 // runSnap is a run's in-memory state before one request of a batch, to
@@ -182,9 +197,10 @@ func (t *runTx) UpdateStep(st *store.StepRun) error {
 		// not exist.
 		return fmt.Errorf("update step %s: %w", st.Name, store.ErrNotFound)
 	}
-	st.RunID = t.run.ID
-	// st may be a copy: what later requests of the run read (in a batch,
-	// and from SQLite's run cache) is what is written.
+	// st may be a copy, even a partial one: what later requests of the run
+	// read (in a batch) is what is written, and what is never written
+	// stays as read.
+	st.RunID, st.Position, st.Type = t.run.ID, t.steps[i].Position, t.steps[i].Type
 	t.steps[i] = st
 	t.cs.step(st)
 	return nil
@@ -244,9 +260,20 @@ func (s *Store) Claim(ctx context.Context, now time.Time, lease time.Duration, n
 		kindFilter = ` AND kind IN (` + ph + `)`
 		args = append(args, vals...)
 	}
+	// Most rounds of a dispatcher find nothing: look on the read pool
+	// first, so an empty claim costs no write transaction (on SQLite, no
+	// turn of the one writer and no disk sync).
+	var one int
+	err := s.r.QueryRowContext(ctx, s.q(`SELECT 1 FROM queue WHERE due_at <= ? AND (lease_until IS NULL OR lease_until <= ?)`+kindFilter+` LIMIT 1`), args[2:]...).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
 	args = append(args, n)
 	var out []*store.QueueItem
-	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	err = s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		out = out[:0]
 		rows, err := tx.QueryContext(ctx, s.q(`UPDATE queue SET lease_token = ?, lease_until = ?
 		WHERE id IN (SELECT id FROM queue WHERE due_at <= ? AND (lease_until IS NULL OR lease_until <= ?)`+kindFilter+` ORDER BY due_at, id LIMIT ?`+s.d.SkipLocked+`)
@@ -378,7 +405,7 @@ func (s *Store) FireDue(ctx context.Context, now time.Time, max int, lease time.
 				return fmt.Errorf("hold failed items: %w", err)
 			}
 		}
-		s.stage(runs)
+		s.stage(runs, cs)
 		return nil
 	})
 	if err != nil {

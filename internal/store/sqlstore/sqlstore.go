@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -145,14 +146,15 @@ func (s *Store) ReadDB() *sql.DB { return s.r }
 // groupCommit).
 func (s *Store) EnableGroupCommit(max int, sync func() error) {
 	s.cache = newRunCache(runCacheMax)
+	s.cache.check = os.Getenv("FERRY_RUNCACHE_CHECK") != ""
 	s.group = newGroupCommit(s.w, max, s.cache, sync)
 }
 
 // stage keeps the runs a write request wrote for the requests after it
 // (SQLite); it is the request's last step.
-func (s *Store) stage(runs map[string]*runTx) {
+func (s *Store) stage(runs map[string]*runTx, cs *changeset) {
 	if s.cache != nil {
-		s.cache.stage(runs)
+		s.cache.stage(runs, cs)
 	}
 }
 
@@ -331,6 +333,11 @@ func (s *Store) UpdateWorkflow(ctx context.Context, ref string, w *store.Workflo
 			return nil, fmt.Errorf("workflow %q already exists: %w", w.Name, store.ErrConflict)
 		}
 		return nil, fmt.Errorf("update workflow: %w", err)
+	}
+	if s.cache != nil {
+		// Runs carry their workflow's name; counted before the commit, so
+		// no group that starts after it misses it.
+		s.cache.outside.Add(1)
 	}
 	if err := tx.Commit(); err != nil {
 		return nil, err

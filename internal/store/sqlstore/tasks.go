@@ -387,7 +387,7 @@ func (s *Store) InTasks(ctx context.Context, ids []string, now time.Time, fn fun
 		if err := s.flush(ctx, tx, cs); err != nil {
 			return err
 		}
-		s.stage(runs)
+		s.stage(runs, cs)
 		return nil
 	})
 	if err != nil {

@@ -214,22 +214,93 @@ func (s *Store) cast(typ string) string {
 	return "TEXT"
 }
 
-// updateRows updates table's set columns from rows, matched on the first
-// len(keys) values of each row: UPDATE t SET c = v.columnN FROM (VALUES …) AS v.
-func (s *Store) updateRows(ctx context.Context, w execer, table string, keys, set []string, types []string, rows [][]any) error {
-	const per = 128
+// part is one generated write statement (with ? placeholders) and its
+// arguments.
+type part struct {
+	key  stmtKey
+	text func() string
+	args []any
+	what string // for errors
+}
+
+// updateParts are UPDATE … FROM (VALUES …) statements for rows, at most 128
+// rows each, in power-of-two sizes.
+func (s *Store) updateParts(table string, keys, set []string, types []string, rows [][]any) []part {
+	var out []part
 	for len(rows) > 0 {
-		batch := rows[:chunk(len(rows), per)]
+		batch := rows[:chunk(len(rows), 128)]
 		rows = rows[len(batch):]
 		args := make([]any, 0, len(batch)*len(types))
 		for _, r := range batch {
 			args = append(args, r...)
 		}
-		q := s.stmt(stmtKey{"update", table, len(batch)}, func() string {
-			return s.updateText(table, keys, set, types, len(batch))
+		n := len(batch)
+		out = append(out, part{key: stmtKey{"update", table, n}, args: args, what: "update " + table,
+			text: func() string { return s.updateText(table, keys, set, types, n) }})
+	}
+	return out
+}
+
+// insertParts are multi-row INSERTs of rows of n values each.
+func (s *Store) insertParts(table, cols string, n int, rows [][]any) []part {
+	ph := "(" + placeholders(n) + ")"
+	var out []part
+	for len(rows) > 0 {
+		batch := rows[:chunk(len(rows), 128)]
+		rows = rows[len(batch):]
+		args := make([]any, 0, len(batch)*n)
+		for _, r := range batch {
+			args = append(args, r...)
+		}
+		k := len(batch)
+		out = append(out, part{key: stmtKey{"insert", table, k}, args: args, what: "insert " + table, text: func() string {
+			var sb strings.Builder
+			sb.WriteString("INSERT INTO " + table + " (" + cols + ") VALUES ")
+			for i := 0; i < k; i++ {
+				if i > 0 {
+					sb.WriteByte(',')
+				}
+				sb.WriteString(ph)
+			}
+			return sb.String()
+		}})
+	}
+	return out
+}
+
+// exec runs parts in order. On Postgres they go as one statement, each a
+// data-modifying WITH clause: one round trip and one plan instead of one
+// per table, which was most of a batch's time there. Its clauses see the
+// same snapshot, so callers combine only writes of different rows.
+func (s *Store) exec(ctx context.Context, w execer, parts []part) error {
+	if len(parts) > 1 && s.d.Name == "postgres" {
+		var key strings.Builder
+		var args []any
+		for _, p := range parts {
+			fmt.Fprintf(&key, "%s %s %d;", p.key.kind, p.key.table, p.key.rows)
+			args = append(args, p.args...)
+		}
+		q := s.stmt(stmtKey{"with", key.String(), len(parts)}, func() string {
+			var sb strings.Builder
+			for i, p := range parts {
+				if i == 0 {
+					sb.WriteString("WITH ")
+				} else {
+					sb.WriteString(", ")
+				}
+				fmt.Fprintf(&sb, "w%d AS (%s)", i, p.text())
+			}
+			sb.WriteString(" SELECT 1")
+			return sb.String()
 		})
 		if _, err := w.ExecContext(ctx, q, args...); err != nil {
-			return fmt.Errorf("update %s: %w", table, err)
+			return fmt.Errorf("write %d tables: %w", len(parts), err)
+		}
+		return nil
+	}
+	for _, p := range parts {
+		if _, err := w.ExecContext(ctx, s.stmt(p.key, p.text), p.args...); err != nil {
+			return fmt.Errorf("%s: %w", p.what, err)
 		}
 	}
 	return nil
@@ -286,35 +357,6 @@ func (s *Store) updateText(table string, keys, set, types []string, n int) strin
 	return sb.String()
 }
 
-// insertRows inserts rows of len(cols) values each, in multi-row INSERTs.
-func (s *Store) insertRows(ctx context.Context, w execer, table, cols string, n int, rows [][]any) error {
-	const per = 128
-	ph := "(" + placeholders(n) + ")"
-	for len(rows) > 0 {
-		batch := rows[:chunk(len(rows), per)]
-		rows = rows[len(batch):]
-		args := make([]any, 0, len(batch)*n)
-		for _, r := range batch {
-			args = append(args, r...)
-		}
-		q := s.stmt(stmtKey{"insert", table, len(batch)}, func() string {
-			var sb strings.Builder
-			sb.WriteString("INSERT INTO " + table + " (" + cols + ") VALUES ")
-			for i := range batch {
-				if i > 0 {
-					sb.WriteByte(',')
-				}
-				sb.WriteString(ph)
-			}
-			return sb.String()
-		})
-		if _, err := w.ExecContext(ctx, q, args...); err != nil {
-			return fmt.Errorf("insert %s: %w", table, err)
-		}
-	}
-	return nil
-}
-
 var (
 	stepSet   = []string{"status", "attempt", "callback_token", "status_code", "duration_ms", "request", "body", "headers", "is_truncated", "blocked", "error", "wake_at", "started_at", "finished_at"}
 	stepTypes = []string{cText, cText, cText, cInt, cText, cInt, cInt, cText, cBytes, cText, cBool, cBool, cText, cInt, cInt, cInt}
@@ -326,32 +368,29 @@ var (
 
 // flush writes the changeset inside tx. Order matters: tasks are written
 // before a finished run's unfinished tasks are cancelled, so the task this
-// transaction finished is not among them; queue rows are added before a
-// finished run's are dropped, so a batch that queues work for a run and
-// then finishes it leaves none behind.
+// transaction finished is not among them, and the cancellations' events
+// are written after them. Queue rows for a run whose queue is dropped are
+// not written at all (they would be dropped with it), so the drop sees
+// only older rows, and every write before the cancellations can go as one
+// statement (see exec).
 func (s *Store) flush(ctx context.Context, tx *sql.Tx, c *changeset) error {
+	var parts []part
 	if len(c.newRuns) > 0 {
-		if err := s.insertRows(ctx, tx, "runs", "id, workflow_id, version, status, input, trigger_headers, idempotency_key, error, event_seq, expires_at, started_at, finished_at, updated_at", 13, c.newRuns); err != nil {
-			return err
-		}
+		parts = append(parts, s.insertParts("runs", "id, workflow_id, version, status, input, trigger_headers, idempotency_key, error, event_seq, expires_at, started_at, finished_at, updated_at", 13, c.newRuns)...)
 	}
 	if len(c.newSteps) > 0 {
 		rows := make([][]any, 0, len(c.newSteps))
 		for _, st := range c.newSteps {
 			rows = append(rows, append([]any{st.RunID, st.Name, st.Position, st.Type}, stepArgs(st)...))
 		}
-		if err := s.insertRows(ctx, tx, "step_runs", stepCols, 18, rows); err != nil {
-			return err
-		}
+		parts = append(parts, s.insertParts("step_runs", stepCols, 18, rows)...)
 	}
 	if len(c.newTasks) > 0 {
 		rows := make([][]any, 0, len(c.newTasks))
 		for _, t := range c.newTasks {
 			rows = append(rows, taskInsertArgs(t))
 		}
-		if err := s.insertRows(ctx, tx, "tasks", taskCols+", event_seq", 23, rows); err != nil {
-			return err
-		}
+		parts = append(parts, s.insertParts("tasks", taskCols+", event_seq", 23, rows)...)
 	}
 	if len(c.tasks) > 0 {
 		rows := make([][]any, 0, len(c.tasks))
@@ -359,36 +398,34 @@ func (s *Store) flush(ctx context.Context, tx *sql.Tx, c *changeset) error {
 			k := t.task
 			rows = append(rows, []any{k.ID, k.Status, ts(k.RunAt), k.Attempt, k.LeasedBy, nullStr(k.LeaseToken), tsPtr(k.LeaseUntil), k.Reclaimed, k.CancelRequested, k.LastError, nullJSON(k.Result), ts(k.UpdatedAt), tsPtr(k.FinishedAt), t.seq})
 		}
-		if err := s.updateRows(ctx, tx, "tasks", []string{"id"}, taskSet, taskTypes, rows); err != nil {
-			return err
-		}
+		parts = append(parts, s.updateParts("tasks", []string{"id"}, taskSet, taskTypes, rows)...)
 	}
 	if len(c.steps) > 0 {
 		rows := make([][]any, 0, len(c.steps))
 		for _, st := range c.steps {
 			rows = append(rows, append([]any{st.RunID, st.Name}, stepArgs(st)...))
 		}
-		if err := s.updateRows(ctx, tx, "step_runs", []string{"run_id", "name"}, stepSet, stepTypes, rows); err != nil {
-			return err
-		}
+		parts = append(parts, s.updateParts("step_runs", []string{"run_id", "name"}, stepSet, stepTypes, rows)...)
 	}
 	if len(c.runs) > 0 {
 		rows := make([][]any, 0, len(c.runs))
 		for _, r := range c.runs {
 			rows = append(rows, []any{r.run.ID, r.run.Status, r.run.Error, tsPtr(r.run.FinishedAt), ts(r.updatedAt), r.seq})
 		}
-		if err := s.updateRows(ctx, tx, "runs", []string{"id"}, runSet, runTypes, rows); err != nil {
-			return err
+		parts = append(parts, s.updateParts("runs", []string{"id"}, runSet, runTypes, rows)...)
+	}
+	dropped := make(map[string]bool, len(c.dropQueue))
+	for _, id := range c.dropQueue {
+		dropped[id] = true
+	}
+	var queue [][]any
+	for _, it := range c.queue {
+		if !dropped[it.RunID] {
+			queue = append(queue, []any{it.Kind, it.RunID, it.Step, it.Attempt, ts(it.DueAt)})
 		}
 	}
-	if len(c.queue) > 0 {
-		rows := make([][]any, 0, len(c.queue))
-		for _, it := range c.queue {
-			rows = append(rows, []any{it.Kind, it.RunID, it.Step, it.Attempt, ts(it.DueAt)})
-		}
-		if err := s.insertRows(ctx, tx, "queue", "kind, run_id, step, attempt, due_at", 5, rows); err != nil {
-			return err
-		}
+	if len(queue) > 0 {
+		parts = append(parts, s.insertParts("queue", "kind, run_id, step, attempt, due_at", 5, queue)...)
 	}
 	if len(c.dropQueue) > 0 {
 		args := make([]any, len(c.dropQueue))
@@ -396,25 +433,29 @@ func (s *Store) flush(ctx context.Context, tx *sql.Tx, c *changeset) error {
 			args[i] = id
 		}
 		ph, args := in(args)
-		if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM queue WHERE run_id IN (`+ph+`)`), args...); err != nil {
-			return fmt.Errorf("drop queue: %w", err)
-		}
+		parts = append(parts, part{key: stmtKey{"drop", "queue", len(args)}, args: args, what: "drop queue",
+			text: func() string { return `DELETE FROM queue WHERE run_id IN (` + ph + `)` }})
 	}
-	if len(c.cancel) > 0 {
-		if err := s.cancelTasks(ctx, tx, c); err != nil {
-			return err
+	events := func() []part {
+		if len(c.events) == 0 {
+			return nil
 		}
-	}
-	if len(c.events) > 0 {
 		rows := make([][]any, 0, len(c.events))
 		for _, e := range c.events {
 			rows = append(rows, []any{e.owner, e.seq, e.typ, e.step, e.data, e.at})
 		}
-		if err := s.insertRows(ctx, tx, "events", "run_id, seq, type, step, data, at", 6, rows); err != nil {
-			return err
-		}
+		return s.insertParts("events", "run_id, seq, type, step, data, at", 6, rows)
 	}
-	return nil
+	if len(c.cancel) == 0 {
+		return s.exec(ctx, tx, append(parts, events()...))
+	}
+	if err := s.exec(ctx, tx, parts); err != nil {
+		return err
+	}
+	if err := s.cancelTasks(ctx, tx, c); err != nil {
+		return err
+	}
+	return s.exec(ctx, tx, events())
 }
 
 // cancelTasks cancels the unfinished tasks of the finished runs in c and

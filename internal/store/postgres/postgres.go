@@ -85,7 +85,9 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 		MigrationLock:   "SELECT pg_advisory_lock(7244917)",
 		MigrationUnlock: "SELECT pg_advisory_unlock(7244917)",
 		Analyze:         "ANALYZE runs, step_runs, tasks, queue, events",
+		RowVersion:      "r.xmin::text",
 	}, db, rdb)
+	s.EnableVersionCache()
 	st := &Store{Store: s, dsn: dsn, node: rand.Text(), pub: make(chan struct{}, 1), stop: make(chan struct{})}
 	st.pubDone.Add(1)
 	go st.publish()

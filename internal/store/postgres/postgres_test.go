@@ -334,7 +334,7 @@ func TestCreateRunsKeyRace(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		var n int
-		if err := s.ReadDB().QueryRowContext(ctx, `SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database() AND query LIKE 'INSERT INTO runs%'`).Scan(&n); err != nil {
+		if err := s.ReadDB().QueryRowContext(ctx, `SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database() AND query LIKE '%INSERT INTO runs%'`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		if n > 0 {

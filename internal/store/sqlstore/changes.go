@@ -33,6 +33,10 @@ type changeset struct {
 	dropQueue []string // run ids
 	cancel    []*runTx // runs whose unfinished tasks are cancelled
 	note      note
+	// the version cache's entries once this commits (Postgres)
+	cacheIDs  []string
+	cacheRuns []*cachedRun
+	xid       string // Postgres: the writing transaction's id, once flushed
 }
 
 type eventRow struct {
@@ -271,9 +275,14 @@ func (s *Store) insertParts(table, cols string, n int, rows [][]any) []part {
 // exec runs parts in order. On Postgres they go as one statement, each a
 // data-modifying WITH clause: one round trip and one plan instead of one
 // per table, which was most of a batch's time there. Its clauses see the
-// same snapshot, so callers combine only writes of different rows.
-func (s *Store) exec(ctx context.Context, w execer, parts []part) error {
-	if len(parts) > 1 && s.d.Name == "postgres" {
+// same snapshot, so callers combine only writes of different rows. The
+// statement also returns the transaction's id, the xmin of every row it
+// wrote (the version cache's versions), kept in c.xid.
+func (s *Store) exec(ctx context.Context, tx *sql.Tx, c *changeset, parts []part) error {
+	if len(parts) == 0 {
+		return nil
+	}
+	if s.d.Name == "postgres" {
 		var key strings.Builder
 		var args []any
 		for _, p := range parts {
@@ -290,16 +299,16 @@ func (s *Store) exec(ctx context.Context, w execer, parts []part) error {
 				}
 				fmt.Fprintf(&sb, "w%d AS (%s)", i, p.text())
 			}
-			sb.WriteString(" SELECT 1")
+			sb.WriteString(" SELECT pg_current_xact_id()::xid::text")
 			return sb.String()
 		})
-		if _, err := w.ExecContext(ctx, q, args...); err != nil {
+		if err := tx.QueryRowContext(ctx, q, args...).Scan(&c.xid); err != nil {
 			return fmt.Errorf("write %d tables: %w", len(parts), err)
 		}
 		return nil
 	}
 	for _, p := range parts {
-		if _, err := w.ExecContext(ctx, s.stmt(p.key, p.text), p.args...); err != nil {
+		if _, err := tx.ExecContext(ctx, s.stmt(p.key, p.text), p.args...); err != nil {
 			return fmt.Errorf("%s: %w", p.what, err)
 		}
 	}
@@ -447,15 +456,15 @@ func (s *Store) flush(ctx context.Context, tx *sql.Tx, c *changeset) error {
 		return s.insertParts("events", "run_id, seq, type, step, data, at", 6, rows)
 	}
 	if len(c.cancel) == 0 {
-		return s.exec(ctx, tx, append(parts, events()...))
+		return s.exec(ctx, tx, c, append(parts, events()...))
 	}
-	if err := s.exec(ctx, tx, parts); err != nil {
+	if err := s.exec(ctx, tx, c, parts); err != nil {
 		return err
 	}
 	if err := s.cancelTasks(ctx, tx, c); err != nil {
 		return err
 	}
-	return s.exec(ctx, tx, events())
+	return s.exec(ctx, tx, c, events())
 }
 
 // cancelTasks cancels the unfinished tasks of the finished runs in c and
@@ -492,6 +501,15 @@ func placeholders(n int) string {
 // in pads the values of an IN list to a power of two by repeating the last
 // one, so a statement has few distinct texts and stays in SQLite's
 // statement cache (parsing had come back as an eighth of the CPU).
+// inStrings is in for string values.
+func inStrings(vals []string) (string, []any) {
+	args := make([]any, len(vals))
+	for i, v := range vals {
+		args[i] = v
+	}
+	return in(args)
+}
+
 func in(vals []any) (string, []any) {
 	n := 1
 	for n < len(vals) {

@@ -50,6 +50,7 @@ type runCache struct {
 
 // cachedRun is a run as committed, with its steps in position order.
 type cachedRun struct {
+	version   string // Postgres: the row's xmin when cached
 	run       store.Run
 	steps     []store.StepRun
 	seq       int64
@@ -150,19 +151,10 @@ func (c *runCache) peek(id string) *cachedRun {
 }
 
 // stage records, for the runs of a request, the state its changeset cs
-// wrote: each run's base (as read) with the written columns laid over it,
-// so that anything changed in memory but not written is not kept. It must
-// be the request's last step: what it stages is final if the group
-// commits.
+// wrote (see persisted). It must be the request's last step: what it
+// stages is final if the group commits.
 func (c *runCache) stage(runs map[string]*runTx, cs *changeset) {
-	written := map[string]bool{}
-	for _, r := range cs.runs {
-		written[r.run.ID] = true
-	}
-	steps := map[[2]string]*store.StepRun{}
-	for _, st := range cs.steps {
-		steps[[2]string{st.RunID, st.Name}] = st
-	}
+	w := cs.written()
 	for id, rt := range runs {
 		e := rt.base
 		if e == nil || status.RunTerminal(rt.run.Status) {
@@ -170,28 +162,54 @@ func (c *runCache) stage(runs map[string]*runTx, cs *changeset) {
 			continue
 		}
 		rt.base = nil // e becomes the cached state: no one else may change it
-		if written[id] {
-			// The columns flush writes for a run (runSet), as the table
-			// returns them: UTC, microseconds.
-			r := rt.run
-			e.run.Status, e.run.Error, e.run.FinishedAt = r.Status, r.Error, dbTimePtr(r.FinishedAt)
-			e.updatedAt = dbTime(rt.updatedAt)
-			e.run.UpdatedAt, e.seq = e.updatedAt, rt.seq
-		}
-		size := len(e.run.Input) + len(e.run.Error)
-		for i := range e.steps {
-			b := &e.steps[i]
-			if st := steps[[2]string{id, b.Name}]; st != nil {
-				overlayStep(b, st)
-			}
-			size += len(b.Body) + len(b.Request) + len(b.Error)
-		}
-		if size > runCacheBodyMax {
+		if !w.persisted(e, rt) {
 			c.staged[id] = nil
 			continue
 		}
 		c.staged[id] = e
 	}
+}
+
+// writes indexes what a changeset wrote, by run.
+type writes struct {
+	runs  map[string]bool
+	steps map[[2]string]*store.StepRun
+}
+
+func (cs *changeset) written() writes {
+	w := writes{runs: make(map[string]bool, len(cs.runs)), steps: make(map[[2]string]*store.StepRun, len(cs.steps))}
+	for _, r := range cs.runs {
+		w.runs[r.run.ID] = true
+	}
+	for _, st := range cs.steps {
+		w.steps[[2]string{st.RunID, st.Name}] = st
+	}
+	return w
+}
+
+// persisted lays what was written for rt's run over e, its state as read,
+// so that e is what the tables now hold — not what rt holds in memory,
+// which may have changes that were never written. It reports whether e is
+// small enough to keep.
+func (w writes) persisted(e *cachedRun, rt *runTx) bool {
+	id := rt.run.ID
+	if w.runs[id] {
+		// The columns flush writes for a run (runSet), as the table
+		// returns them: UTC, microseconds.
+		r := rt.run
+		e.run.Status, e.run.Error, e.run.FinishedAt = r.Status, r.Error, dbTimePtr(r.FinishedAt)
+		e.updatedAt = dbTime(rt.updatedAt)
+		e.run.UpdatedAt, e.seq = e.updatedAt, rt.seq
+	}
+	size := len(e.run.Input) + len(e.run.Error)
+	for i := range e.steps {
+		b := &e.steps[i]
+		if st := w.steps[[2]string{id, b.Name}]; st != nil {
+			overlayStep(b, st)
+		}
+		size += len(b.Body) + len(b.Request) + len(b.Error)
+	}
+	return size <= runCacheBodyMax
 }
 
 // overlayStep lays the columns flush writes for a step (stepSet) over b,
@@ -230,10 +248,13 @@ func clonePtr[T any](p *T) *T {
 
 // RunCacheHits counts the runs read from the cache instead of the tables.
 func (s *Store) RunCacheHits() int64 {
-	if s.cache == nil {
-		return 0
+	switch {
+	case s.cache != nil:
+		return s.cache.hits.Load()
+	case s.vcache != nil:
+		return s.vcache.hits.Load()
 	}
-	return s.cache.hits.Load()
+	return 0
 }
 
 // VerifyRunCache compares every run the cache holds with the tables and

@@ -34,7 +34,9 @@ func (s *Store) InRun(ctx context.Context, runID string, now time.Time, fn func(
 		if err := s.flush(ctx, tx, cs); err != nil {
 			return err
 		}
-		s.stage(runs, cs)
+		if err := s.stage(ctx, tx, runs, cs); err != nil {
+			return err
+		}
 		return nil
 	})
 	if err == nil {
@@ -46,6 +48,9 @@ func (s *Store) InRun(ctx context.Context, runID string, now time.Time, fn func(
 // lockRuns locks runs in id order and reads them with their steps; a run
 // that does not exist is left out.
 func (s *Store) lockRuns(ctx context.Context, tx *sql.Tx, ids []string, now time.Time) (map[string]*runTx, error) {
+	if s.vcache != nil {
+		return s.lockVersioned(ctx, tx, ids, now)
+	}
 	out := make(map[string]*runTx, len(ids))
 	if s.cache == nil {
 		return out, s.readRuns(ctx, tx, ids, now, out)
@@ -77,32 +82,46 @@ func (s *Store) lockRuns(ctx context.Context, tx *sql.Tx, ids []string, now time
 
 // readRuns reads (and on Postgres locks) runs with their steps into out.
 func (s *Store) readRuns(ctx context.Context, tx *sql.Tx, ids []string, now time.Time, out map[string]*runTx) error {
+	if err := s.readRunRows(ctx, tx, ids, now, out); err != nil {
+		return err
+	}
+	return s.readSteps(ctx, tx, ids, out)
+}
+
+// readRunRows reads (and on Postgres locks) runs into out, in id order.
+func (s *Store) readRunRows(ctx context.Context, tx *sql.Tx, ids []string, now time.Time, out map[string]*runTx) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	args := make([]any, len(ids))
-	for i, id := range ids {
-		args[i] = id
+	ph, args := inStrings(ids)
+	version := s.d.RowVersion
+	if version == "" {
+		version = "''"
 	}
-	ph, args := in(args)
-	rows, err := tx.QueryContext(ctx, s.q(`SELECT `+runCols+`, r.event_seq FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE r.id IN (`+ph+`) ORDER BY r.id`+lockOf(s.d.LockRun)), args...)
+	rows, err := tx.QueryContext(ctx, s.q(`SELECT `+runCols+`, r.event_seq, `+version+` FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE r.id IN (`+ph+`) ORDER BY r.id`+lockOf(s.d.LockRun)), args...)
 	if err != nil {
 		return fmt.Errorf("lock runs: %w", err)
 	}
+	defer rows.Close()
 	for rows.Next() {
 		var seq int64
-		run, err := scanRun(scanTail{rows, &seq})
+		var ver string
+		run, err := scanRun(scanTail{rows, []any{&seq, &ver}})
 		if err != nil {
-			rows.Close()
 			return err
 		}
-		out[run.ID] = &runTx{s: s, ctx: ctx, tx: tx, run: run, now: now, seq: seq, updatedAt: run.UpdatedAt}
+		out[run.ID] = &runTx{s: s, ctx: ctx, tx: tx, run: run, now: now, seq: seq, updatedAt: run.UpdatedAt, version: ver}
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
+	return rows.Err()
+}
+
+// readSteps reads the steps of runs in out, in position order.
+func (s *Store) readSteps(ctx context.Context, tx *sql.Tx, ids []string, out map[string]*runTx) error {
+	if len(ids) == 0 {
+		return nil
 	}
-	rows, err = tx.QueryContext(ctx, s.q(`SELECT `+stepCols+` FROM step_runs WHERE run_id IN (`+ph+`) ORDER BY run_id, position`), args...)
+	ph, args := inStrings(ids)
+	rows, err := tx.QueryContext(ctx, s.q(`SELECT `+stepCols+` FROM step_runs WHERE run_id IN (`+ph+`) ORDER BY run_id, position`), args...)
 	if err != nil {
 		return err
 	}
@@ -140,7 +159,8 @@ type runTx struct {
 	now       time.Time
 	seq       int64
 	updatedAt time.Time
-	base      *cachedRun // SQLite: the run as read, private; see runCache.stage
+	base      *cachedRun // the run as read; see runCache.stage
+	version   string     // Postgres: the row's xmin as read
 }
 
 // runSnap is a run's in-memory state before one request of a batch, to
@@ -203,6 +223,9 @@ func (t *runTx) UpdateStep(st *store.StepRun) error {
 	st.RunID, st.Position, st.Type = t.run.ID, t.steps[i].Position, t.steps[i].Type
 	t.steps[i] = st
 	t.cs.step(st)
+	// The run's row is written with its steps: its version (Postgres's
+	// xmin) then tells whether any step changed (see versionCache).
+	t.cs.run(t)
 	return nil
 }
 
@@ -405,7 +428,9 @@ func (s *Store) FireDue(ctx context.Context, now time.Time, max int, lease time.
 				return fmt.Errorf("hold failed items: %w", err)
 			}
 		}
-		s.stage(runs, cs)
+		if err := s.stage(ctx, tx, runs, cs); err != nil {
+			return err
+		}
 		return nil
 	})
 	if err != nil {

@@ -34,6 +34,9 @@ type Dialect struct {
 	IsUnique func(error) bool
 	// MigrationLock/Unlock serialise concurrent migrators (Postgres).
 	MigrationLock, MigrationUnlock string
+	// RowVersion is an expression on runs r that changes whenever the row
+	// is written (Postgres: r.xmin::text); set, it enables EnableVersionCache.
+	RowVersion string
 	// Analyze, when set, refreshes the planner's statistics of the hot
 	// tables (see Store.grew).
 	Analyze string
@@ -46,8 +49,9 @@ type Store struct {
 	r *sql.DB // reads (may equal w)
 
 	closers []func() error
-	group   *groupCommit // SQLite: one writer applying requests in groups
-	cache   *runCache    // SQLite: runs as the writer last wrote them
+	group   *groupCommit  // SQLite: one writer applying requests in groups
+	cache   *runCache     // SQLite: runs as the writer last wrote them
+	vcache  *versionCache // Postgres: runs by row version
 	hook    atomic.Pointer[func(store.Committed)]
 
 	written    atomic.Int64 // rows this server wrote
@@ -77,6 +81,9 @@ func (n *note) queued(due time.Time) {
 // committed tells the hook about a write that has committed, and keeps
 // the planner's statistics in step with the tables' growth.
 func (s *Store) committed(cs *changeset) {
+	if s.vcache != nil && len(cs.cacheIDs) > 0 {
+		s.vcache.put(cs.cacheIDs, cs.cacheRuns)
+	}
 	s.grew(len(cs.newRuns) + len(cs.newSteps) + len(cs.newTasks) + len(cs.events))
 	n := &cs.note
 	if n.c.QueueDue.IsZero() && !n.c.Tasks {
@@ -152,10 +159,22 @@ func (s *Store) EnableGroupCommit(max int, sync func() error) {
 
 // stage keeps the runs a write request wrote for the requests after it
 // (SQLite); it is the request's last step.
-func (s *Store) stage(runs map[string]*runTx, cs *changeset) {
-	if s.cache != nil {
+func (s *Store) stage(ctx context.Context, tx *sql.Tx, runs map[string]*runTx, cs *changeset) error {
+	switch {
+	case s.cache != nil:
 		s.cache.stage(runs, cs)
+	case s.vcache != nil:
+		return s.vstage(ctx, tx, runs, cs)
 	}
+	return nil
+}
+
+// EnableVersionCache keeps runs' steps between transactions, used while
+// the run's row version is unchanged (Dialect.RowVersion; see
+// versionCache).
+func (s *Store) EnableVersionCache() {
+	s.vcache = newVersionCache(runCacheMax)
+	s.vcache.check = os.Getenv("FERRY_RUNCACHE_CHECK") != ""
 }
 
 // Close closes the pools and any extra resources.

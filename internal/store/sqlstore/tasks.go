@@ -223,7 +223,7 @@ func (s *Store) ClaimTasks(ctx context.Context, req store.ClaimTasks) ([]*store.
 		var seqs []int64
 		for rows.Next() {
 			var seq int64
-			t, err := scanTask(scanTail{rows, &seq})
+			t, err := scanTask(scanTail{rows, []any{&seq}})
 			if err != nil {
 				rows.Close()
 				return err
@@ -280,10 +280,10 @@ func (c claimCand) less(o claimCand) bool {
 // scanTail scans a task followed by extra columns.
 type scanTail struct {
 	rows  *sql.Rows
-	extra *int64
+	extra []any
 }
 
-func (s scanTail) Scan(dest ...any) error { return s.rows.Scan(append(dest, s.extra)...) }
+func (s scanTail) Scan(dest ...any) error { return s.rows.Scan(append(dest, s.extra...)...) }
 
 // NextTaskDue finds the next moment a matching task becomes claimable: the
 // earliest future run_at of a pending task or lease end of a leased one,
@@ -387,7 +387,9 @@ func (s *Store) InTasks(ctx context.Context, ids []string, now time.Time, fn fun
 		if err := s.flush(ctx, tx, cs); err != nil {
 			return err
 		}
-		s.stage(runs, cs)
+		if err := s.stage(ctx, tx, runs, cs); err != nil {
+			return err
+		}
 		return nil
 	})
 	if err != nil {
@@ -444,7 +446,7 @@ func (s *Store) lockTasks(ctx context.Context, tx *sql.Tx, ids []string) (map[st
 	out := make(map[string]lockedTask, len(ids))
 	for rows.Next() {
 		var seq int64
-		t, err := scanTask(scanTail{rows, &seq})
+		t, err := scanTask(scanTail{rows, []any{&seq}})
 		if err != nil {
 			return nil, err
 		}

@@ -1,0 +1,76 @@
+package postgres_test
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/status"
+	"github.com/ferryhq/ferry/internal/store"
+	"github.com/ferryhq/ferry/internal/store/postgres/pgtest"
+)
+
+// TestVersionCacheFollowsOtherNodes: a node reuses the steps it read while
+// the run's row is unchanged, and reads them again once another node (a
+// second store on the same schema) wrote the run.
+func TestVersionCacheFollowsOtherNodes(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	a := openDSN(t, dsn)
+	ctx := t.Context()
+	if err := a.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b := openDSN(t, dsn)
+	wf, err := a.CreateWorkflow(ctx, &store.Workflow{Name: "v", Definition: json.RawMessage(`{}`), Fingerprint: "f", Enabled: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	r, _, err := a.CreateRun(ctx, &store.NewRun{
+		Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), StartedAt: now, ExpiresAt: now.Add(time.Hour)},
+		Steps: []*store.StepRun{{Name: "a", Type: "task", Status: status.StepPending}},
+	}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inc := func(s store.Store, by int) {
+		t.Helper()
+		if err := s.InRun(ctx, r.ID, time.Now(), func(tx store.RunTx) error {
+			st := *tx.Step("a")
+			st.Attempt += by
+			return tx.UpdateStep(&st)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(s store.Store) int {
+		t.Helper()
+		var n int
+		if err := s.InRun(ctx, r.ID, time.Now(), func(tx store.RunTx) error {
+			n = tx.Step("a").Attempt
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	inc(a, 1) // a read the run from the tables and cached what it wrote
+	if got := read(a); got != 1 {
+		t.Fatalf("attempt = %d, want 1", got)
+	}
+	if a.RunCacheHits() == 0 {
+		t.Fatal("the unchanged run was read again, not taken from the cache")
+	}
+	inc(b, 10) // another node writes the run
+	hits := a.RunCacheHits()
+	if got := read(a); got != 11 {
+		t.Errorf("attempt = %d after the other node's write, want 11", got)
+	}
+	if a.RunCacheHits() != hits {
+		t.Error("a stale cache entry was used after another node wrote the run")
+	}
+	inc(a, 1)
+	if got := read(b); got != 12 {
+		t.Errorf("the other node reads attempt %d, want 12", got)
+	}
+}

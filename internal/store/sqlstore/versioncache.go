@@ -1,0 +1,133 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/status"
+	"github.com/ferryhq/ferry/internal/store"
+)
+
+// versionCache is the run cache of a store other nodes may write
+// (Postgres). An entry is used only when the run's row still has the
+// version it was cached at: the row's xmin, the transaction that last
+// wrote it, read under the row lock the run's transaction takes anyway.
+// Every write of a run's steps also writes its row (UpdateStep marks the
+// run), so an unchanged xmin means unchanged steps, and the steps query —
+// every step of every run in a batch, outputs included — is skipped.
+//
+// Entries are staged after the transaction that wrote them commits, and
+// are never changed in place: transactions on other connections may be
+// reading one.
+type versionCache struct {
+	mu      sync.Mutex
+	max     int
+	entries map[string]*cachedRun
+	hits    atomic.Int64
+	check   bool
+}
+
+func newVersionCache(max int) *versionCache {
+	return &versionCache{max: max, entries: map[string]*cachedRun{}}
+}
+
+func (c *versionCache) get(id, version string) *cachedRun {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e := c.entries[id]; e != nil && e.version == version {
+		c.hits.Add(1)
+		return e
+	}
+	return nil
+}
+
+// put keeps committed states (nil entries: forget the run).
+func (c *versionCache) put(ids []string, es []*cachedRun) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, id := range ids {
+		if es[i] == nil {
+			delete(c.entries, id)
+		} else {
+			c.entries[id] = es[i]
+		}
+	}
+	for id := range c.entries {
+		if len(c.entries) <= c.max {
+			break
+		}
+		delete(c.entries, id)
+	}
+}
+
+// vstage computes, inside the transaction, the entries that become true
+// when it commits (Store.committed puts them).
+func (s *Store) vstage(ctx context.Context, tx *sql.Tx, runs map[string]*runTx, cs *changeset) error {
+	xid := cs.xid // the xmin of every row the flush wrote
+	if len(cs.runs) > 0 && xid == "" {
+		return fmt.Errorf("version cache: runs written without a transaction id")
+	}
+	w := cs.written()
+	for id, rt := range runs {
+		cs.cacheIDs = append(cs.cacheIDs, id)
+		if rt.base == nil || status.RunTerminal(rt.run.Status) {
+			cs.cacheRuns = append(cs.cacheRuns, nil)
+			continue
+		}
+		e := rt.base.clone()
+		e.version = rt.version
+		if w.runs[id] {
+			e.version = xid
+		}
+		if !w.persisted(e, rt) {
+			e = nil
+		}
+		cs.cacheRuns = append(cs.cacheRuns, e)
+	}
+	return nil
+}
+
+func (e *cachedRun) clone() *cachedRun {
+	cp := *e
+	cp.steps = append([]store.StepRun(nil), e.steps...)
+	return &cp
+}
+
+// lockVersioned locks and reads runs, their steps from the cache where the
+// row's version matches.
+func (s *Store) lockVersioned(ctx context.Context, tx *sql.Tx, ids []string, now time.Time) (map[string]*runTx, error) {
+	out := make(map[string]*runTx, len(ids))
+	if err := s.readRunRows(ctx, tx, ids, now, out); err != nil {
+		return nil, err
+	}
+	var miss []string
+	hits := map[string]*runTx{}
+	for id, rt := range out {
+		e := s.vcache.get(id, rt.version)
+		if e == nil {
+			miss = append(miss, id)
+			continue
+		}
+		cached := e.runTx(s, ctx, tx, now)
+		cached.version = rt.version
+		out[id], hits[id] = cached, cached
+	}
+	if len(hits) > 0 && s.vcache.check {
+		if err := s.checkHits(ctx, tx, hits); err != nil {
+			return nil, err
+		}
+	}
+	sort.Strings(miss)
+	if err := s.readSteps(ctx, tx, miss, out); err != nil {
+		return nil, err
+	}
+	for _, id := range miss {
+		out[id].base = baseOf(out[id])
+	}
+	return out, nil
+}

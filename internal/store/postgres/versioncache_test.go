@@ -74,3 +74,55 @@ func TestVersionCacheFollowsOtherNodes(t *testing.T) {
 		t.Errorf("the other node reads attempt %d, want 12", got)
 	}
 }
+
+// TestVersionCacheReadsTheRunRow: a cached run's steps are reused, but the
+// run itself is what was just read (a rename does not change the run's
+// row version), and an empty body reads back as the table has it.
+func TestVersionCacheReadsTheRunRow(t *testing.T) {
+	s := open(t)
+	ctx := t.Context()
+	wf, err := s.CreateWorkflow(ctx, &store.Workflow{Name: "before", Definition: json.RawMessage(`{}`), Fingerprint: "f", Enabled: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	r, _, err := s.CreateRun(ctx, &store.NewRun{
+		Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), StartedAt: now, ExpiresAt: now.Add(time.Hour)},
+		Steps: []*store.StepRun{{Name: "a", Type: "task", Status: status.StepPending}},
+	}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.InRun(ctx, r.ID, now, func(tx store.RunTx) error {
+		st := tx.Step("a")
+		st.Body = []byte{} // an empty response body
+		return tx.UpdateStep(st)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.UpdateWorkflow(ctx, wf.ID, &store.Workflow{Name: "after", Definition: json.RawMessage(`{}`), Fingerprint: "f", Enabled: true}); err != nil {
+		t.Fatal(err)
+	}
+	hits := s.RunCacheHits()
+	var name string
+	var bodyNil bool
+	if err := s.InRun(ctx, r.ID, now, func(tx store.RunTx) error {
+		name, bodyNil = tx.Run().WorkflowName, tx.Step("a").Body == nil
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if s.RunCacheHits() == hits {
+		t.Fatal("the unchanged run was not taken from the cache")
+	}
+	if name != "after" {
+		t.Errorf("workflow name %q after the rename, want after", name)
+	}
+	_, steps, err := s.GetRun(ctx, r.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tableNil := steps[0].Body == nil; bodyNil != tableNil {
+		t.Errorf("empty body: nil from the cache %v, from the table %v", bodyNil, tableNil)
+	}
+}

@@ -121,3 +121,35 @@ func TestGroupCommitSkipsCancelledRequests(t *testing.T) {
 		t.Errorf("a cancelled request was applied: %d tasks", len(got))
 	}
 }
+
+// TestCloseAnswersEveryWriter: writers racing Close all get an answer
+// (their write, or "store closed"); none waits forever.
+func TestCloseAnswersEveryWriter(t *testing.T) {
+	for round := range 20 {
+		s, err := sqlite.Open(filepath.Join(t.TempDir(), fmt.Sprintf("c%d.db", round)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Migrate(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				for {
+					if _, _, err := s.CreateTask(context.Background(), &store.Task{Type: "x.y.v1", Payload: json.RawMessage(`{}`), RunAt: time.Now()}, time.Now()); err != nil {
+						return
+					}
+				}
+			})
+		}
+		s.Close()
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("round %d: a writer was never answered after Close", round)
+		}
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/ferryhq/ferry/internal/store/sqlstore"
@@ -82,12 +83,29 @@ type walFile struct {
 }
 
 func (w *walFile) sync() error {
+	// SQLite deletes the WAL when its last connection closes and makes a
+	// new one after: a descriptor of the old file would sync nothing.
+	cur, err := os.Stat(w.path)
+	if err != nil {
+		return fmt.Errorf("write-ahead log: %w", err)
+	}
+	if w.f != nil {
+		if held, err := w.f.Stat(); err != nil || !os.SameFile(held, cur) {
+			w.f.Close()
+			w.f = nil
+		}
+	}
 	if w.f == nil {
 		f, err := os.OpenFile(w.path, os.O_RDWR, 0)
 		if err != nil {
 			return fmt.Errorf("open write-ahead log: %w", err)
 		}
 		w.f = f
+		// A new file's name is durable once its directory is synced.
+		if d, err := os.Open(filepath.Dir(w.path)); err == nil {
+			_ = d.Sync()
+			d.Close()
+		}
 	}
 	return w.f.Sync()
 }

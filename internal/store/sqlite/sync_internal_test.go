@@ -3,6 +3,7 @@ package sqlite
 import (
 	"encoding/json"
 	"errors"
+	"os"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -110,5 +111,114 @@ func TestDefaultSyncsTheWAL(t *testing.T) {
 	}
 	if err := syncerFor(filepath.Join(t.TempDir(), "none.db"), "").sync(); err == nil {
 		t.Error("syncing a WAL that does not exist succeeded")
+	}
+}
+
+// TestFoundByKeyWaitsForTheSync: a retried create that finds the first
+// one by its idempotency key is answered only once that one is on disk.
+func TestFoundByKeyWaitsForTheSync(t *testing.T) {
+	s, g := openGated(t)
+	mk := func() <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			_, _, err := s.CreateTask(t.Context(), &store.Task{Type: "x.y.v1", IdempotencyKey: "k", Payload: json.RawMessage(`{}`), RunAt: time.Now()}, time.Now())
+			done <- err
+		}()
+		return done
+	}
+	first := mk()
+	<-g.entered // the first is committed, not yet synced
+	second := mk()
+	g.release <- nil
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	// The second found the first by its key: it must still be answered
+	// only after a sync that began after it looked.
+	select {
+	case err := <-second:
+		t.Fatalf("the retry was answered (err %v) without a sync of its own", err)
+	case <-g.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the retry neither answered nor synced")
+	}
+	g.release <- nil
+	if err := <-second; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDirectWritesAreSynced: writes that do not go through the group
+// writer (workflows, API keys, task types) are synced before they return.
+func TestDirectWritesAreSynced(t *testing.T) {
+	s, g := openGated(t)
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.CreateWorkflow(t.Context(), &store.Workflow{Name: "w", Definition: json.RawMessage(`{}`), Fingerprint: "f", Enabled: true})
+		done <- err
+	}()
+	<-g.entered
+	select {
+	case err := <-done:
+		t.Fatalf("CreateWorkflow returned (err %v) before a sync", err)
+	default:
+	}
+	g.release <- nil
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFailedSyncStopsWrites: after a failed sync nothing is known to be on
+// disk, so every later write fails without being attempted.
+func TestFailedSyncStopsWrites(t *testing.T) {
+	s, g := openGated(t)
+	boom := errors.New("disk gone")
+	done := createTask(t, s)
+	<-g.entered
+	g.release <- boom
+	if err := <-done; !errors.Is(err, boom) {
+		t.Fatalf("err = %v, want it to wrap %v", err, boom)
+	}
+	calls := g.calls.Load()
+	if _, _, err := s.CreateTask(t.Context(), &store.Task{Type: "x.y.v1", Payload: json.RawMessage(`{}`), RunAt: time.Now()}, time.Now()); !errors.Is(err, boom) {
+		t.Errorf("a write after the failed sync: err %v, want it to wrap %v", err, boom)
+	}
+	if g.calls.Load() != calls {
+		t.Error("a write after the failed sync was attempted")
+	}
+}
+
+// TestWALFileFollowsARecreatedLog: SQLite deletes the WAL when its last
+// connection closes; a later sync must sync the new file, not the old.
+func TestWALFileFollowsARecreatedLog(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.db-wal")
+	if err := os.WriteFile(path, []byte("one"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w := &walFile{path: path}
+	defer w.close()
+	if err := w.sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("two"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.sync(); err != nil {
+		t.Fatal(err)
+	}
+	held, err := w.f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !os.SameFile(held, cur) {
+		t.Error("sync kept the deleted log's descriptor")
 	}
 }

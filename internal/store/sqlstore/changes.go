@@ -53,15 +53,22 @@ type eventRow struct {
 // the request succeeds; when it fails they are dropped and rt's in-memory
 // state is restored, so later requests of the run and the writes of earlier
 // ones see only what will commit.
-func (c *changeset) apply(rt *runTx, fn func(sub *changeset) error) error {
+//
+// shared says whether other requests of the batch use rt: only then is its
+// state copied beforehand to be restored. A run with one request is left
+// as the failure left it; nothing of it is written or cached (the caches
+// take only what changesets wrote).
+func (c *changeset) apply(rt *runTx, shared bool, fn func(sub *changeset) error) error {
 	sub := &changeset{}
 	var snap runSnap
 	if rt != nil {
-		snap = rt.snapshot()
+		if shared {
+			snap = rt.snapshot()
+		}
 		rt.cs = sub
 	}
 	if err := fn(sub); err != nil {
-		if rt != nil {
+		if rt != nil && shared {
 			rt.restore(snap)
 		}
 		return err
@@ -272,45 +279,66 @@ func (s *Store) insertParts(table, cols string, n int, rows [][]any) []part {
 	return out
 }
 
-// exec runs parts in order. On Postgres they go as one statement, each a
+// exec runs parts in order. On Postgres they go as few statements as the
+// parameter limit allows (usually one), each part a
 // data-modifying WITH clause: one round trip and one plan instead of one
 // per table, which was most of a batch's time there. Its clauses see the
 // same snapshot, so callers combine only writes of different rows. The
 // statement also returns the transaction's id, the xmin of every row it
 // wrote (the version cache's versions), kept in c.xid.
 func (s *Store) exec(ctx context.Context, tx *sql.Tx, c *changeset, parts []part) error {
-	if len(parts) == 0 {
-		return nil
-	}
-	if s.d.Name == "postgres" {
-		var key strings.Builder
-		var args []any
+	if s.d.Name != "postgres" {
 		for _, p := range parts {
-			fmt.Fprintf(&key, "%s %s %d;", p.key.kind, p.key.table, p.key.rows)
-			args = append(args, p.args...)
-		}
-		q := s.stmt(stmtKey{"with", key.String(), len(parts)}, func() string {
-			var sb strings.Builder
-			for i, p := range parts {
-				if i == 0 {
-					sb.WriteString("WITH ")
-				} else {
-					sb.WriteString(", ")
-				}
-				fmt.Fprintf(&sb, "w%d AS (%s)", i, p.text())
+			if _, err := tx.ExecContext(ctx, s.stmt(p.key, p.text), p.args...); err != nil {
+				return fmt.Errorf("%s: %w", p.what, err)
 			}
-			sb.WriteString(" SELECT pg_current_xact_id()::xid::text")
-			return sb.String()
-		})
-		if err := tx.QueryRowContext(ctx, q, args...).Scan(&c.xid); err != nil {
-			return fmt.Errorf("write %d tables: %w", len(parts), err)
 		}
 		return nil
 	}
-	for _, p := range parts {
-		if _, err := tx.ExecContext(ctx, s.stmt(p.key, p.text), p.args...); err != nil {
-			return fmt.Errorf("%s: %w", p.what, err)
+	// As many parts per statement as its parameters allow (Postgres takes
+	// at most 65535); one part never has more than maxStmtParams.
+	for len(parts) > 0 {
+		n, params := 0, 0
+		for n < len(parts) && (n == 0 || params+len(parts[n].args) <= maxStmtParams) {
+			params += len(parts[n].args)
+			n++
 		}
+		if err := s.execWith(ctx, tx, c, parts[:n]); err != nil {
+			return err
+		}
+		parts = parts[n:]
+	}
+	return nil
+}
+
+// maxStmtParams keeps a combined statement well under Postgres's limit of
+// 65535 parameters: 128 rows of the widest table (tasks, 23 columns) take
+// 2,944.
+const maxStmtParams = 32768
+
+// execWith sends parts as one statement of data-modifying WITH clauses.
+func (s *Store) execWith(ctx context.Context, tx *sql.Tx, c *changeset, parts []part) error {
+	var key strings.Builder
+	var args []any
+	for _, p := range parts {
+		fmt.Fprintf(&key, "%s %s %d;", p.key.kind, p.key.table, p.key.rows)
+		args = append(args, p.args...)
+	}
+	q := s.stmt(stmtKey{"with", key.String(), len(parts)}, func() string {
+		var sb strings.Builder
+		for i, p := range parts {
+			if i == 0 {
+				sb.WriteString("WITH ")
+			} else {
+				sb.WriteString(", ")
+			}
+			fmt.Fprintf(&sb, "w%d AS (%s)", i, p.text())
+		}
+		sb.WriteString(" SELECT pg_current_xact_id()::xid::text")
+		return sb.String()
+	})
+	if err := tx.QueryRowContext(ctx, q, args...).Scan(&c.xid); err != nil {
+		return fmt.Errorf("write %d tables: %w", len(parts), err)
 	}
 	return nil
 }
@@ -322,15 +350,21 @@ type stmtKey struct {
 	rows        int
 }
 
-// stmt is the generated statement for k, built once.
+// stmt is the generated statement for k, built once (the first
+// maxCachedStmts shapes are kept; combinations of batch sizes are many).
 func (s *Store) stmt(k stmtKey, build func() string) string {
 	if q, ok := s.stmts.Load(k); ok {
 		return q.(string)
 	}
 	q := s.q(build())
-	s.stmts.Store(k, q)
+	if s.stmtsN.Add(1) <= maxCachedStmts {
+		s.stmts.Store(k, q)
+	}
 	return q
 }
+
+// maxCachedStmts bounds the generated statements kept in memory.
+const maxCachedStmts = 4096
 
 // updateText is UPDATE … FROM (VALUES …) for n rows.
 func (s *Store) updateText(table string, keys, set, types []string, n int) string {

@@ -80,8 +80,9 @@ func stepArgs(s *store.StepRun) []any {
 		headers = string(b)
 	}
 	var body any
-	if s.Body != nil {
-		// Plain bytes: pgx sends a json.RawMessage as JSON, not bytea.
+	if len(s.Body) > 0 {
+		// Plain bytes: pgx sends a json.RawMessage as JSON, not bytea. An
+		// empty body is NULL: both databases then read it back as nil.
 		body = []byte(s.Body)
 	}
 	return []any{s.Status, s.Attempt, nullStr(s.CallbackToken), code, dur, request, body, headers, s.Truncated, s.Blocked, s.Error, tsPtr(s.WakeAt), tsPtr(s.StartedAt), tsPtr(s.FinishedAt)}
@@ -110,6 +111,12 @@ func (s *Store) CreateRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 	existing, err := s.runsByKey(ctx, nrs)
 	if err != nil {
 		return nil, err
+	}
+	if len(existing) > 0 {
+		// Found by a read: answered once it is durable.
+		if err := s.durable(ctx); err != nil {
+			return nil, err
+		}
 	}
 	var todo []int
 	seen := map[[2]string]bool{}
@@ -166,6 +173,9 @@ func (s *Store) CreateRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 			}
 		case err != nil && s.d.IsUnique(err) && anyKey(nrs, todo):
 			found, kerr := s.runsByKey(ctx, nrs[todo[0]:todo[0]+1])
+			if kerr == nil {
+				kerr = s.durable(ctx)
+			}
 			r := nrs[todo[0]].Run
 			id := found[[2]string{r.WorkflowID, r.IdempotencyKey}]
 			if kerr != nil || id == "" {

@@ -399,13 +399,17 @@ func (s *Store) FireDue(ctx context.Context, now time.Time, max int, lease time.
 			return err
 		}
 		var done, failed []any
+		perRun := map[string]int{}
+		for _, it := range items {
+			perRun[it.RunID]++
+		}
 		for _, it := range items {
 			rt := runs[it.RunID]
 			if rt == nil {
 				done = append(done, it.ID) // its run is gone: nothing to do
 				continue
 			}
-			if err := cs.apply(rt, func(*changeset) error { return fn(it, rt) }); err != nil {
+			if err := cs.apply(rt, perRun[it.RunID] > 1, func(*changeset) error { return fn(it, rt) }); err != nil {
 				errs = append(errs, fmt.Errorf("queue item %d (%s of run %s): %w", it.ID, it.Kind, it.RunID, err))
 				failed = append(failed, it.ID)
 				continue

@@ -63,6 +63,7 @@ type Store struct {
 
 	qcache  sync.Map // query text -> dialect text
 	stmts   sync.Map // stmtKey -> generated statement (dialect text)
+	stmtsN  atomic.Int64
 	qcached atomic.Int64
 }
 
@@ -155,6 +156,17 @@ func (s *Store) EnableGroupCommit(max int, sync func() error) {
 	s.cache = newRunCache(runCacheMax)
 	s.cache.check = os.Getenv("FERRY_RUNCACHE_CHECK") != ""
 	s.group = newGroupCommit(s.w, max, s.cache, sync)
+}
+
+// durable returns once every write committed so far is on disk. With
+// SQLite's deferred sync, a commit made outside the group writer (workflow
+// and key changes) or a row found by a read is not yet known to be; this
+// waits for the next sync. Elsewhere a commit is durable when it returns.
+func (s *Store) durable(ctx context.Context) error {
+	if s.group == nil || s.group.sync == nil {
+		return nil
+	}
+	return s.group.barrier(ctx)
 }
 
 // stage keeps the runs a write request wrote for the requests after it
@@ -307,6 +319,9 @@ func (s *Store) CreateWorkflow(ctx context.Context, w *store.Workflow) (*store.W
 	if err := tx.Commit(); err != nil {
 		return nil, err
 	}
+	if err := s.durable(ctx); err != nil {
+		return nil, err
+	}
 	return s.GetWorkflow(ctx, id)
 }
 
@@ -359,6 +374,9 @@ func (s *Store) UpdateWorkflow(ctx context.Context, ref string, w *store.Workflo
 		s.cache.outside.Add(1)
 	}
 	if err := tx.Commit(); err != nil {
+		return nil, err
+	}
+	if err := s.durable(ctx); err != nil {
 		return nil, err
 	}
 	return s.GetWorkflow(ctx, id)
@@ -428,8 +446,10 @@ func (s *Store) DeleteWorkflow(ctx context.Context, ref string) error {
 		return err
 	}
 	now := ts(time.Now())
-	_, err = s.w.ExecContext(ctx, s.q(`UPDATE workflows SET deleted_at = ?, updated_at = ? WHERE id = ? AND deleted_at IS NULL`), now, now, id)
-	return err
+	if _, err = s.w.ExecContext(ctx, s.q(`UPDATE workflows SET deleted_at = ?, updated_at = ? WHERE id = ? AND deleted_at IS NULL`), now, now, id); err != nil {
+		return err
+	}
+	return s.durable(ctx)
 }
 
 // ---- API keys ----
@@ -437,10 +457,10 @@ func (s *Store) DeleteWorkflow(ctx context.Context, ref string) error {
 // AddAPIKey stores a key hash.
 func (s *Store) AddAPIKey(ctx context.Context, name, hash string) error {
 	_, err := s.w.ExecContext(ctx, s.q(`INSERT INTO api_keys (hash, name, created_at) VALUES (?, ?, ?)`), hash, name, ts(time.Now()))
-	if err != nil && s.d.IsUnique(err) {
-		return nil
+	if err != nil && !s.d.IsUnique(err) {
+		return err
 	}
-	return err
+	return s.durable(ctx)
 }
 
 // HasAPIKeys reports whether any key exists.

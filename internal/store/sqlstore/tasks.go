@@ -115,12 +115,20 @@ func (s *Store) CreateTask(ctx context.Context, t *store.Task, now time.Time) (*
 	return got, true, err
 }
 
+// taskByKey finds a task by idempotency key; a task found is answered only
+// once it is durable (a read may see a commit before its sync).
 func (s *Store) taskByKey(ctx context.Context, key string) (*store.Task, error) {
 	t, err := scanTask(s.r.QueryRowContext(ctx, s.q(`SELECT `+taskCols+` FROM tasks WHERE idempotency_key = ?`), key))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("task with key %q: %w", key, store.ErrNotFound)
 	}
-	return t, err
+	if err != nil {
+		return nil, err
+	}
+	if err := s.durable(ctx); err != nil {
+		return nil, err
+	}
+	return t, nil
 }
 
 // GetTask reads one task.
@@ -339,6 +347,7 @@ func (s *Store) InTasks(ctx context.Context, ids []string, now time.Time, fn fun
 	var runIDs []string
 	seenRun, seenTask := map[string]bool{}, map[string]bool{}
 	var todo []int
+	perRun := map[string]int{} // requests per run
 	for i, id := range ids {
 		runID, ok := runOf[id]
 		switch {
@@ -348,6 +357,7 @@ func (s *Store) InTasks(ctx context.Context, ids []string, now time.Time, fn fun
 			errs[i] = store.ErrRetry
 		default:
 			seenTask[id] = true
+			perRun[runID]++
 			if runID != "" && !seenRun[runID] {
 				seenRun[runID] = true
 				runIDs = append(runIDs, runID)
@@ -380,7 +390,7 @@ func (s *Store) InTasks(ctx context.Context, ids []string, now time.Time, fn fun
 				continue
 			}
 			rt := runs[runOf[ids[i]]]
-			errs[i] = cs.apply(rt, func(sub *changeset) error {
+			errs[i] = cs.apply(rt, perRun[runOf[ids[i]]] > 1, func(sub *changeset) error {
 				return fn(i, &taskTx{s: s, ctx: ctx, cs: sub, task: t.task, run: rt, now: now, seq: t.seq})
 			})
 		}
@@ -519,6 +529,9 @@ func (s *Store) PutTaskType(ctx context.Context, tt *store.TaskType) (*store.Tas
 		tt.Type, tt.Description, tt.Enabled, tt.MaxAttempts, tt.RetryDelay.Milliseconds(), now, now)
 	if err != nil {
 		return nil, fmt.Errorf("put task type: %w", err)
+	}
+	if err := s.durable(ctx); err != nil {
+		return nil, err
 	}
 	if tt.Enabled {
 		// Waiting tasks of a re-enabled type are claimable now.

@@ -113,7 +113,10 @@ func (s *Store) lockVersioned(ctx context.Context, tx *sql.Tx, ids []string, now
 			miss = append(miss, id)
 			continue
 		}
-		cached := e.runTx(s, ctx, tx, now)
+		// Only the steps come from the cache: the run as just read carries
+		// what a run row's version does not cover (its workflow's name).
+		b := &cachedRun{version: rt.version, run: *rt.run, seq: rt.seq, updatedAt: rt.updatedAt, steps: e.steps}
+		cached := b.runTx(s, ctx, tx, now)
 		cached.version = rt.version
 		out[id], hits[id] = cached, cached
 	}

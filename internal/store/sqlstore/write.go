@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 )
 
 // errExisting makes a write's transaction roll back without failing the
@@ -54,6 +55,13 @@ type groupCommit struct {
 	sync   func() error     // nil: a commit is durable when it returns
 	synced chan []*writeReq // committed groups waiting for the sync
 	sdone  sync.WaitGroup
+	// broken is the first failed sync: after it nothing is known to be on
+	// disk (Linux reports a lost write once), so every later request fails.
+	broken atomic.Pointer[error]
+	// mu orders sends before close: a request sent before close is in
+	// reqs when the writer sees stop, and it is answered.
+	mu     sync.RWMutex
+	closed bool
 }
 
 type writeReq struct {
@@ -93,13 +101,19 @@ func (g *groupCommit) syncLoop() {
 				break more
 			}
 		}
-		err := g.sync()
+		err := g.failed()
+		if err == nil {
+			if err = g.sync(); err != nil {
+				err = fmt.Errorf("sync: %w (the store stops writing: what was written since the last sync may not be on disk)", err)
+				g.broken.CompareAndSwap(nil, &err)
+			}
+		}
 		for _, b := range groups {
 			for _, r := range b {
 				if err != nil && r.err == nil {
 					// Committed, but not known to be on disk: the caller
 					// must not take it as done.
-					r.err = fmt.Errorf("sync: %w", err)
+					r.err = err
 				}
 				close(r.done)
 			}
@@ -107,22 +121,47 @@ func (g *groupCommit) syncLoop() {
 	}
 }
 
+// failed is the error of the first failed sync, if any.
+func (g *groupCommit) failed() error {
+	if p := g.broken.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
 func (g *groupCommit) do(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	if err := g.failed(); err != nil {
+		return err
+	}
 	r := &writeReq{ctx: ctx, fn: fn, done: make(chan struct{})}
+	g.mu.RLock()
+	if g.closed {
+		g.mu.RUnlock()
+		return errors.New("store closed")
+	}
 	select {
 	case g.reqs <- r:
 	case <-ctx.Done():
+		g.mu.RUnlock()
 		return ctx.Err()
-	case <-g.stop:
-		return errors.New("store closed")
 	}
+	g.mu.RUnlock()
 	// Wait even if ctx ends: the request may already be in a transaction,
 	// and the caller must learn whether it committed.
 	<-r.done
 	return r.err
 }
 
+// barrier returns once everything committed before it is durable: its
+// group commits nothing and is answered after the sync that follows.
+func (g *groupCommit) barrier(ctx context.Context) error {
+	return g.do(ctx, func(context.Context, *sql.Tx) error { return nil })
+}
+
 func (g *groupCommit) close() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
 	close(g.stop)
 	g.done.Wait()
 	if g.synced != nil {
@@ -173,6 +212,10 @@ func (g *groupCommit) run(batch []*writeReq) {
 			}
 			close(r.done)
 		}
+	}
+	if err := g.failed(); err != nil {
+		finish(err)
+		return
 	}
 	tx, err := g.db.BeginTx(context.Background(), nil)
 	if err != nil {
@@ -225,6 +268,12 @@ func (g *groupCommit) run(batch []*writeReq) {
 	if ok == 0 {
 		// Every request rolled back to its savepoint: none staged a run.
 		_ = tx.Rollback()
+		if g.sync != nil {
+			// Their answers may rest on earlier groups' writes (a row
+			// found existing): not before those are on disk.
+			g.synced <- batch
+			return
+		}
 		finish(nil)
 		return
 	}

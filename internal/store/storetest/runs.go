@@ -21,6 +21,7 @@ var runTests = []test{
 	{"StepByToken", testStepByToken},
 	{"CallbackTokenUnique", testCallbackTokenUnique},
 	{"CountRunsByStatus", testCountRuns},
+	{"CreateRunsLargeBatch", testCreateRunsLargeBatch},
 }
 
 func testCountRuns(t *testing.T, s store.Store) {
@@ -382,5 +383,33 @@ func testCallbackTokenUnique(t *testing.T, s store.Store) {
 	must(t, err, "StepByToken")
 	if runID != first.ID || step != "hook" {
 		t.Errorf("StepByToken(shared) = (%s, %s), want (%s, hook)", runID, step, first.ID)
+	}
+}
+
+// testCreateRunsLargeBatch: a batch of 128 runs of 30 steps each (about
+// 70,000 values to write) is created whole: writes are split to stay within
+// the database's limit on parameters per statement.
+func testCreateRunsLargeBatch(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "large")
+	var nrs []*store.NewRun
+	for range 128 {
+		nr := &store.NewRun{Run: baseRun(wf, ""), Events: []store.NewEvent{{Type: "run_started"}}}
+		for j := range 30 {
+			nr.Steps = append(nr.Steps, &store.StepRun{Name: fmt.Sprintf("s%02d", j), Position: j, Type: "task", Status: status.StepPending})
+		}
+		nrs = append(nrs, nr)
+	}
+	res, err := s.CreateRuns(ctx, nrs, t0)
+	must(t, err, "CreateRuns")
+	for i, r := range res {
+		if r.Err != nil || !r.Created {
+			t.Fatalf("run %d: created=%v err=%v", i, r.Created, r.Err)
+		}
+	}
+	_, steps, err := s.GetRun(ctx, res[127].Run.ID)
+	must(t, err, "GetRun")
+	if len(steps) != 30 {
+		t.Errorf("the last run has %d steps, want 30", len(steps))
 	}
 }

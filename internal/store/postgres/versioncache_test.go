@@ -10,6 +10,24 @@ import (
 	"github.com/ferryhq/ferry/internal/store/postgres/pgtest"
 )
 
+// oneStepRun creates a workflow and a run of one pending task step "a".
+func oneStepRun(t *testing.T, s store.Store, name string) (*store.Workflow, *store.Run) {
+	t.Helper()
+	wf, err := s.CreateWorkflow(t.Context(), &store.Workflow{Name: name, Definition: json.RawMessage(`{}`), Fingerprint: "f", Enabled: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	r, _, err := s.CreateRun(t.Context(), &store.NewRun{
+		Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), StartedAt: now, ExpiresAt: now.Add(time.Hour)},
+		Steps: []*store.StepRun{{Name: "a", Type: "task", Status: status.StepPending}},
+	}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return wf, r
+}
+
 // TestVersionCacheFollowsOtherNodes: a node reuses the steps it read while
 // the run's row is unchanged, and reads them again once another node (a
 // second store on the same schema) wrote the run.
@@ -21,18 +39,7 @@ func TestVersionCacheFollowsOtherNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := openDSN(t, dsn)
-	wf, err := a.CreateWorkflow(ctx, &store.Workflow{Name: "v", Definition: json.RawMessage(`{}`), Fingerprint: "f", Enabled: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	r, _, err := a.CreateRun(ctx, &store.NewRun{
-		Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), StartedAt: now, ExpiresAt: now.Add(time.Hour)},
-		Steps: []*store.StepRun{{Name: "a", Type: "task", Status: status.StepPending}},
-	}, now)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, r := oneStepRun(t, a, "v")
 	inc := func(s store.Store, by int) {
 		t.Helper()
 		if err := s.InRun(ctx, r.ID, time.Now(), func(tx store.RunTx) error {
@@ -81,18 +88,8 @@ func TestVersionCacheFollowsOtherNodes(t *testing.T) {
 func TestVersionCacheReadsTheRunRow(t *testing.T) {
 	s := open(t)
 	ctx := t.Context()
-	wf, err := s.CreateWorkflow(ctx, &store.Workflow{Name: "before", Definition: json.RawMessage(`{}`), Fingerprint: "f", Enabled: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	wf, r := oneStepRun(t, s, "before")
 	now := time.Now()
-	r, _, err := s.CreateRun(ctx, &store.NewRun{
-		Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), StartedAt: now, ExpiresAt: now.Add(time.Hour)},
-		Steps: []*store.StepRun{{Name: "a", Type: "task", Status: status.StepPending}},
-	}, now)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := s.InRun(ctx, r.ID, now, func(tx store.RunTx) error {
 		st := tx.Step("a")
 		st.Body = []byte{} // an empty response body

@@ -314,7 +314,7 @@ func (s *Store) exec(ctx context.Context, tx *sql.Tx, c *changeset, parts []part
 // maxStmtParams keeps a combined statement well under Postgres's limit of
 // 65535 parameters: 128 rows of the widest table (tasks, 23 columns) take
 // 2,944.
-const maxStmtParams = 32768
+const maxStmtParams = 8192
 
 // execWith sends parts as one statement of data-modifying WITH clauses.
 func (s *Store) execWith(ctx context.Context, tx *sql.Tx, c *changeset, parts []part) error {

@@ -41,33 +41,45 @@ func openGated(t *testing.T) (store.Store, *gateSync) {
 	return s, g
 }
 
-func createTask(t *testing.T, s store.Store) <-chan error {
+// async runs fn and delivers its error.
+func async(fn func() error) <-chan error {
 	done := make(chan error, 1)
-	go func() {
-		_, _, err := s.CreateTask(t.Context(), &store.Task{Type: "x.y.v1", Payload: json.RawMessage(`{}`), RunAt: time.Now()}, time.Now())
-		done <- err
-	}()
+	go func() { done <- fn() }()
 	return done
+}
+
+// createTask creates a task (with key, when not empty) in the background.
+func createTask(t *testing.T, s store.Store, key string) <-chan error {
+	return async(func() error {
+		_, _, err := s.CreateTask(t.Context(), &store.Task{Type: "x.y.v1", IdempotencyKey: key, Payload: json.RawMessage(`{}`), RunAt: time.Now()}, time.Now())
+		return err
+	})
+}
+
+// notYet fails the test if done has already answered.
+func notYet(t *testing.T, done <-chan error, what string) {
+	t.Helper()
+	select {
+	case err := <-done:
+		t.Fatalf("%s answered (err %v) before the WAL sync", what, err)
+	default:
+	}
 }
 
 // TestAnswersWaitForTheWALSync: a write is answered only after the WAL was
 // synced following its commit, and a failed sync fails it.
 func TestAnswersWaitForTheWALSync(t *testing.T) {
 	s, g := openGated(t)
-	done := createTask(t, s)
+	done := createTask(t, s, "")
 	<-g.entered // committed; the sync has begun
-	select {
-	case err := <-done:
-		t.Fatalf("answered (err %v) before the WAL sync finished", err)
-	default:
-	}
+	notYet(t, done, "the write")
 	g.release <- nil
 	if err := <-done; err != nil {
 		t.Fatalf("CreateTask: %v", err)
 	}
 
 	boom := errors.New("disk gone")
-	done = createTask(t, s)
+	done = createTask(t, s, "")
 	<-g.entered
 	g.release <- boom
 	if err := <-done; !errors.Is(err, boom) {
@@ -118,17 +130,9 @@ func TestDefaultSyncsTheWAL(t *testing.T) {
 // one by its idempotency key is answered only once that one is on disk.
 func TestFoundByKeyWaitsForTheSync(t *testing.T) {
 	s, g := openGated(t)
-	mk := func() <-chan error {
-		done := make(chan error, 1)
-		go func() {
-			_, _, err := s.CreateTask(t.Context(), &store.Task{Type: "x.y.v1", IdempotencyKey: "k", Payload: json.RawMessage(`{}`), RunAt: time.Now()}, time.Now())
-			done <- err
-		}()
-		return done
-	}
-	first := mk()
+	first := createTask(t, s, "k")
 	<-g.entered // the first is committed, not yet synced
-	second := mk()
+	second := createTask(t, s, "k")
 	g.release <- nil
 	if err := <-first; err != nil {
 		t.Fatal(err)
@@ -152,17 +156,12 @@ func TestFoundByKeyWaitsForTheSync(t *testing.T) {
 // writer (workflows, API keys, task types) are synced before they return.
 func TestDirectWritesAreSynced(t *testing.T) {
 	s, g := openGated(t)
-	done := make(chan error, 1)
-	go func() {
+	done := async(func() error {
 		_, err := s.CreateWorkflow(t.Context(), &store.Workflow{Name: "w", Definition: json.RawMessage(`{}`), Fingerprint: "f", Enabled: true})
-		done <- err
-	}()
+		return err
+	})
 	<-g.entered
-	select {
-	case err := <-done:
-		t.Fatalf("CreateWorkflow returned (err %v) before a sync", err)
-	default:
-	}
+	notYet(t, done, "CreateWorkflow")
 	g.release <- nil
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -174,7 +173,7 @@ func TestDirectWritesAreSynced(t *testing.T) {
 func TestFailedSyncStopsWrites(t *testing.T) {
 	s, g := openGated(t)
 	boom := errors.New("disk gone")
-	done := createTask(t, s)
+	done := createTask(t, s, "")
 	<-g.entered
 	g.release <- boom
 	if err := <-done; !errors.Is(err, boom) {

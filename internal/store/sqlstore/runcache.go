@@ -86,20 +86,25 @@ func (c *runCache) begin(ctx context.Context, tx *sql.Tx) error {
 // commit makes what the group staged the committed state.
 func (c *runCache) commit() {
 	for id, e := range c.staged {
-		if e == nil {
-			delete(c.entries, id)
-			continue
-		}
-		c.entries[id] = e
+		keep(c.entries, id, e, c.max)
 	}
 	clear(c.staged)
-	// Evict arbitrary entries (map order): the live runs come back at
-	// their next write.
-	for id := range c.entries {
-		if len(c.entries) <= c.max {
+}
+
+// keep sets (or, for nil, forgets) a run's entry, then evicts arbitrary
+// entries (map order) beyond max: the live runs come back at their next
+// write.
+func keep(m map[string]*cachedRun, id string, e *cachedRun, max int) {
+	if e == nil {
+		delete(m, id)
+	} else {
+		m[id] = e
+	}
+	for id := range m {
+		if len(m) <= max {
 			break
 		}
-		delete(c.entries, id)
+		delete(m, id)
 	}
 }
 
@@ -135,7 +140,7 @@ func (e *cachedRun) runTx(s *Store, ctx context.Context, tx *sql.Tx, now time.Ti
 
 // baseOf is the private image of a run read from the tables.
 func baseOf(rt *runTx) *cachedRun {
-	e := &cachedRun{run: *rt.run, seq: rt.seq, updatedAt: rt.updatedAt, steps: make([]store.StepRun, len(rt.steps))}
+	e := &cachedRun{version: rt.version, run: *rt.run, seq: rt.seq, updatedAt: rt.updatedAt, steps: make([]store.StepRun, len(rt.steps))}
 	for i, st := range rt.steps {
 		e.steps[i] = *st
 	}
@@ -266,35 +271,15 @@ func (s *Store) VerifyRunCache(ctx context.Context) error {
 	}
 	var diff error
 	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		ids := map[string]bool{}
-		for id := range s.cache.entries {
-			ids[id] = true
-		}
-		for id := range s.cache.staged {
-			ids[id] = true
-		}
-		for id := range ids {
-			e := s.cache.peek(id)
-			if e == nil {
-				continue
-			}
-			got := &runTx{run: &e.run, seq: e.seq, updatedAt: e.updatedAt}
-			for i := range e.steps {
-				got.steps = append(got.steps, &e.steps[i])
-			}
-			want := map[string]*runTx{}
-			if err := s.readRuns(ctx, tx, []string{id}, time.Time{}, want); err != nil {
-				return err
-			}
-			if want[id] == nil {
-				diff = fmt.Errorf("run %s is cached but not in the table", id)
-				return nil
-			}
-			if g, w := runImage(got), runImage(want[id]); g != w {
-				diff = fmt.Errorf("run %s: cached\n%s\ntable\n%s", id, g, w)
-				return nil
+		cached := map[string]*runTx{}
+		for _, m := range []map[string]*cachedRun{s.cache.entries, s.cache.staged} {
+			for id := range m {
+				if e := s.cache.peek(id); e != nil {
+					cached[id] = e.runTx(s, ctx, tx, time.Time{})
+				}
 			}
 		}
+		diff = s.checkHits(ctx, tx, cached)
 		return nil
 	})
 	if err != nil {

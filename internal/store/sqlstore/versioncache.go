@@ -51,17 +51,7 @@ func (c *versionCache) put(ids []string, es []*cachedRun) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i, id := range ids {
-		if es[i] == nil {
-			delete(c.entries, id)
-		} else {
-			c.entries[id] = es[i]
-		}
-	}
-	for id := range c.entries {
-		if len(c.entries) <= c.max {
-			break
-		}
-		delete(c.entries, id)
+		keep(c.entries, id, es[i], c.max)
 	}
 }
 
@@ -79,9 +69,11 @@ func (s *Store) vstage(ctx context.Context, tx *sql.Tx, runs map[string]*runTx, 
 			cs.cacheRuns = append(cs.cacheRuns, nil)
 			continue
 		}
-		e := rt.base.clone()
-		e.version = rt.version
+		// Entries are shared once put: one this transaction wrote is a
+		// copy laid over; an unwritten one is its base as it stands.
+		e := rt.base // carries the version it was read at
 		if w.runs[id] {
+			e = e.clone()
 			e.version = xid
 		}
 		if !w.persisted(e, rt) {

@@ -61,10 +61,11 @@ func scale(ctx context.Context, o Options) ([]Result, error) {
 		}
 		h.reset()
 		chained += scaleProbes
+		calls := e.handled.Load() + scaleProbes*10
 		if err := e.triggerAll(ctx, "bench-chain10", scaleProbes); err != nil {
 			return out, err
 		}
-		if _, err := e.waitDone(ctx, chainID, chained, o.Timeout); err != nil {
+		if _, err := e.waitDone(ctx, chainID, chained, calls, o.Timeout); err != nil {
 			return out, err
 		}
 		claims, err := e.claimLatency(ctx)

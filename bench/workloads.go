@@ -78,7 +78,7 @@ func result(name string, e *env, o Options) Result {
 // drive applies a workflow, creates o.N runs, waits for all of them and
 // fills the common figures. With drainAfter, every run is created before
 // the workers start (the jobs workload).
-func (e *env) drive(ctx context.Context, o Options, name, def string, stepsPerRun int, drainAfter, withSteps bool) (Result, map[string][]*store.StepRun, error) {
+func (e *env) drive(ctx context.Context, o Options, name, def string, stepsPerRun, tasksPerRun int, drainAfter, withSteps bool) (Result, map[string][]*store.StepRun, error) {
 	id, _, err := e.eng.ApplyWorkflow(ctx, []byte(def))
 	if err != nil {
 		return Result{}, nil, err
@@ -93,7 +93,7 @@ func (e *env) drive(ctx context.Context, o Options, name, def string, stepsPerRu
 	if drainAfter {
 		e.startWorkers()
 	}
-	completed, err := e.waitDone(ctx, id, o.N, o.Timeout)
+	completed, err := e.waitDone(ctx, id, o.N, e.handled.Load()+int64(o.N*tasksPerRun), o.Timeout)
 	if err != nil {
 		return Result{}, nil, err
 	}
@@ -118,7 +118,7 @@ func jobs(ctx context.Context, o Options) (Result, error) {
 		return Result{}, err
 	}
 	defer e.stop()
-	r, _, err := e.drive(ctx, o, "jobs", `{"name": "bench-jobs", "tasks": {"job": {"task": {"type": "bench.noop.v1"}}}}`, 1, true, false)
+	r, _, err := e.drive(ctx, o, "jobs", `{"name": "bench-jobs", "tasks": {"job": {"task": {"type": "bench.noop.v1"}}}}`, 1, 1, true, false)
 	return r, err
 }
 
@@ -190,7 +190,7 @@ func chain(ctx context.Context, o Options) (Result, error) {
 		return Result{}, err
 	}
 	defer e.stop()
-	r, _, err := e.drive(ctx, o, "chain10", chain10Def(), 10, false, false)
+	r, _, err := e.drive(ctx, o, "chain10", chain10Def(), 10, 10, false, false)
 	if err != nil {
 		return Result{}, err
 	}
@@ -212,7 +212,7 @@ func fanout(ctx context.Context, o Options) (Result, error) {
 		mids = append(mids, fmt.Sprintf(`"m%d"`, i))
 	}
 	parts = append(parts, `"z": {"needs": [`+strings.Join(mids, ",")+`], "task": {"type": "bench.noop.v1"}}`)
-	r, _, err := e.drive(ctx, o, "fanout", `{"name": "bench-fanout", "tasks": {`+strings.Join(parts, ",")+`}}`, 10, false, false)
+	r, _, err := e.drive(ctx, o, "fanout", `{"name": "bench-fanout", "tasks": {`+strings.Join(parts, ",")+`}}`, 10, 10, false, false)
 	return r, err
 }
 
@@ -224,7 +224,7 @@ func sleepers(ctx context.Context, o Options) (Result, error) {
 		return Result{}, err
 	}
 	defer e.stop()
-	r, steps, err := e.drive(ctx, o, "sleep", `{"name": "bench-sleep", "tasks": {"nap": {"sleep": "1s"}, "after": {"needs": ["nap"], "task": {"type": "bench.noop.v1"}}}}`, 2, false, true)
+	r, steps, err := e.drive(ctx, o, "sleep", `{"name": "bench-sleep", "tasks": {"nap": {"sleep": "1s"}, "after": {"needs": ["nap"], "task": {"type": "bench.noop.v1"}}}}`, 2, 1, false, true)
 	if err != nil {
 		return Result{}, err
 	}

@@ -233,8 +233,8 @@ func (s *Store) runsByKey(ctx context.Context, nrs []*store.NewRun) (map[[2]stri
 	if len(args) == 0 {
 		return out, nil
 	}
-	ph, args := in(args)
-	rows, err := s.r.QueryContext(ctx, s.q(`SELECT id, workflow_id, idempotency_key FROM runs WHERE idempotency_key IN (`+ph+`)`), args...)
+	cond, args := s.inList("idempotency_key", args)
+	rows, err := s.r.QueryContext(ctx, s.q(`SELECT id, workflow_id, idempotency_key FROM runs WHERE `+cond), args...)
 	if err != nil {
 		return nil, err
 	}
@@ -258,8 +258,8 @@ func (s *Store) runsByID(ctx context.Context, ids []string) (map[string]*store.R
 		for i, id := range part {
 			args[i] = id
 		}
-		ph, args := in(args)
-		rows, err := s.r.QueryContext(ctx, s.q(`SELECT `+runCols+` FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE r.id IN (`+ph+`)`), args...)
+		cond, args := s.inList("r.id", args)
+		rows, err := s.r.QueryContext(ctx, s.q(`SELECT `+runCols+` FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE `+cond), args...)
 		if err != nil {
 			return nil, err
 		}

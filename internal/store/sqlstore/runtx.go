@@ -93,12 +93,12 @@ func (s *Store) readRunRows(ctx context.Context, tx *sql.Tx, ids []string, now t
 	if len(ids) == 0 {
 		return nil
 	}
-	ph, args := inStrings(ids)
+	cond, args := s.inStrings("r.id", ids)
 	version := s.d.RowVersion
 	if version == "" {
 		version = "''"
 	}
-	rows, err := tx.QueryContext(ctx, s.q(`SELECT `+runCols+`, r.event_seq, `+version+` FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE r.id IN (`+ph+`) ORDER BY r.id`+lockOf(s.d.LockRun)), args...)
+	rows, err := tx.QueryContext(ctx, s.q(`SELECT `+runCols+`, r.event_seq, `+version+` FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE `+cond+` ORDER BY r.id`+lockOf(s.d.LockRun)), args...)
 	if err != nil {
 		return fmt.Errorf("lock runs: %w", err)
 	}
@@ -120,8 +120,8 @@ func (s *Store) readSteps(ctx context.Context, tx *sql.Tx, ids []string, out map
 	if len(ids) == 0 {
 		return nil
 	}
-	ph, args := inStrings(ids)
-	rows, err := tx.QueryContext(ctx, s.q(`SELECT `+stepCols+` FROM step_runs WHERE run_id IN (`+ph+`) ORDER BY run_id, position`), args...)
+	cond, args := s.inStrings("run_id", ids)
+	rows, err := tx.QueryContext(ctx, s.q(`SELECT `+stepCols+` FROM step_runs WHERE `+cond+` ORDER BY run_id, position`), args...)
 	if err != nil {
 		return err
 	}
@@ -278,9 +278,9 @@ func (s *Store) Claim(ctx context.Context, now time.Time, lease time.Duration, n
 		for i, k := range kinds {
 			vals[i] = k
 		}
-		var ph string
-		ph, vals = in(vals)
-		kindFilter = ` AND kind IN (` + ph + `)`
+		var cond string
+		cond, vals = s.inList("kind", vals)
+		kindFilter = ` AND ` + cond
 		args = append(args, vals...)
 	}
 	// Most rounds of a dispatcher find nothing: look on the read pool
@@ -378,8 +378,8 @@ func (s *Store) FireDue(ctx context.Context, now time.Time, max int, lease time.
 		for i, id := range runIDs {
 			ids[i] = id
 		}
-		ph, ids := in(ids)
-		rows, err := tx.QueryContext(ctx, s.q(`SELECT id, kind, run_id, step, attempt, due_at FROM queue WHERE run_id IN (`+ph+`) AND `+timers+` ORDER BY due_at, id`+s.d.SkipLocked), append(ids, ts(now), ts(now))...)
+		cond, ids := s.inList("run_id", ids)
+		rows, err := tx.QueryContext(ctx, s.q(`SELECT id, kind, run_id, step, attempt, due_at FROM queue WHERE `+cond+` AND `+timers+` ORDER BY due_at, id`+s.d.SkipLocked), append(ids, ts(now), ts(now))...)
 		if err != nil {
 			return fmt.Errorf("lock due items: %w", err)
 		}
@@ -421,14 +421,14 @@ func (s *Store) FireDue(ctx context.Context, now time.Time, max int, lease time.
 			return err
 		}
 		if len(done) > 0 {
-			ph, done := in(done)
-			if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM queue WHERE id IN (`+ph+`)`), done...); err != nil {
+			cond, done := s.inInts("id", done)
+			if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM queue WHERE `+cond), done...); err != nil {
 				return fmt.Errorf("delete fired items: %w", err)
 			}
 		}
 		if len(failed) > 0 {
-			ph, failed := in(failed)
-			if _, err := tx.ExecContext(ctx, s.q(`UPDATE queue SET lease_token = ?, lease_until = ? WHERE id IN (`+ph+`)`), append([]any{token(), ts(now.Add(lease))}, failed...)...); err != nil {
+			cond, failed := s.inInts("id", failed)
+			if _, err := tx.ExecContext(ctx, s.q(`UPDATE queue SET lease_token = ?, lease_until = ? WHERE `+cond), append([]any{token(), ts(now.Add(lease))}, failed...)...); err != nil {
 				return fmt.Errorf("hold failed items: %w", err)
 			}
 		}

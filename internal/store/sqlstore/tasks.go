@@ -218,12 +218,12 @@ func (s *Store) ClaimTasks(ctx context.Context, req store.ClaimTasks) ([]*store.
 		for i, c := range cands {
 			ids[i] = c.id
 		}
-		ph, ids := in(ids)
+		cond, ids := s.inList("id", ids)
 		rows, err := tx.QueryContext(ctx, s.q(`UPDATE tasks SET
 			reclaimed = (status = 'leased'),
 			status = 'leased', leased_by = ?, lease_token = ?, lease_until = ?, attempt = attempt + 1, updated_at = ?,
 			event_seq = event_seq + CASE WHEN status = 'leased' THEN 2 ELSE 1 END
-		WHERE id IN (`+ph+`)
+		WHERE `+cond+`
 		RETURNING `+taskCols+`, event_seq`), append([]any{req.WorkerID, tok, ts(until), now}, ids...)...)
 		if err != nil {
 			return fmt.Errorf("claim tasks: %w", err)
@@ -416,8 +416,8 @@ func (s *Store) taskRuns(ctx context.Context, ids []string) (map[string]string, 
 	for i, id := range ids {
 		args[i] = id
 	}
-	ph, args := in(args)
-	rows, err := s.r.QueryContext(ctx, s.q(`SELECT id, run_id FROM tasks WHERE id IN (`+ph+`)`), args...)
+	cond, args := s.inList("id", args)
+	rows, err := s.r.QueryContext(ctx, s.q(`SELECT id, run_id FROM tasks WHERE `+cond), args...)
 	if err != nil {
 		return nil, err
 	}
@@ -447,8 +447,8 @@ func (s *Store) lockTasks(ctx context.Context, tx *sql.Tx, ids []string) (map[st
 	for i, id := range sorted {
 		args[i] = id
 	}
-	ph, args := in(args)
-	rows, err := tx.QueryContext(ctx, s.q(`SELECT `+taskCols+`, event_seq FROM tasks WHERE id IN (`+ph+`) ORDER BY id`+s.d.LockRun), args...)
+	cond, args := s.inList("id", args)
+	rows, err := tx.QueryContext(ctx, s.q(`SELECT `+taskCols+`, event_seq FROM tasks WHERE `+cond+` ORDER BY id`+s.d.LockRun), args...)
 	if err != nil {
 		return nil, fmt.Errorf("lock tasks: %w", err)
 	}

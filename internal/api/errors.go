@@ -84,6 +84,9 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
 	case errors.Is(err, runtime.ErrDisabled):
 		writeError(w, http.StatusConflict, CodeDisabled, err.Error())
+	case errors.Is(err, store.ErrWorkflowChanged):
+		// The workflow changed under four trigger attempts in a row.
+		writeError(w, http.StatusConflict, CodeConflict, err.Error())
 	default:
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 		writeError(w, http.StatusInternalServerError, CodeInternal, "internal error")

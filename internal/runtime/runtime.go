@@ -52,11 +52,16 @@ type Config struct {
 
 // Runtime executes workflow runs.
 type Runtime struct {
-	cfg   Config
-	st    store.Store
-	clk   clock.Clock
-	log   *slog.Logger
-	defs  sync.Map // "id@version" -> *spec.Workflow
+	cfg  Config
+	st   store.Store
+	clk  clock.Clock
+	log  *slog.Logger
+	defs sync.Map // "id@version" -> *spec.Workflow
+	// wfs caches trigger references (id or name) -> *store.Workflow, only
+	// enabled ones; every run built from one is checked against the
+	// workflow's row in the transaction that writes it (NewRun.Workflow).
+	wfs   sync.Map
+	wfsN  atomic.Int64
 	types sync.Map // task type -> cachedType
 	wake  chan struct{}
 	freed chan struct{} // a processing slot came free
@@ -177,14 +182,52 @@ type TriggerRequest struct {
 
 // Trigger starts a run, writing it and its first work in one transaction.
 // A repeated idempotency key returns the first run and created=false.
+//
+// The workflow comes from a cache of references; the transaction that
+// writes the run checks it is still live, enabled and at that version, and
+// a trigger whose workflow changed meanwhile reads it again and retries.
 func (r *Runtime) Trigger(ctx context.Context, req TriggerRequest) (*store.Run, bool, error) {
-	wf, err := r.st.GetWorkflow(ctx, req.Workflow)
+	for attempt := 0; ; attempt++ {
+		wf, err := r.workflow(ctx, req.Workflow, attempt > 0)
+		if err != nil {
+			return nil, false, err
+		}
+		run, created, err := r.trigger(ctx, req, wf)
+		if errors.Is(err, store.ErrWorkflowChanged) && attempt < 3 {
+			continue // changed again while this trigger was written
+		}
+		return run, created, err
+	}
+}
+
+// workflow resolves a trigger's reference, from the cache unless fresh.
+func (r *Runtime) workflow(ctx context.Context, ref string, fresh bool) (*store.Workflow, error) {
+	if !fresh {
+		if v, ok := r.wfs.Load(ref); ok {
+			return v.(*store.Workflow), nil
+		}
+	}
+	r.wfs.Delete(ref)
+	wf, err := r.st.GetWorkflow(ctx, ref)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	if !wf.Enabled {
-		return nil, false, fmt.Errorf("workflow %q: %w", wf.Name, ErrDisabled)
+		return nil, fmt.Errorf("workflow %q: %w", wf.Name, ErrDisabled)
 	}
+	// Bounded: references of deleted or renamed workflows stay until
+	// used; past maxCachedRefs the cache starts again.
+	if r.wfsN.Add(1) > maxCachedRefs {
+		r.wfs.Clear()
+		r.wfsN.Store(0)
+	}
+	r.wfs.Store(ref, wf)
+	return wf, nil
+}
+
+const maxCachedRefs = 4096
+
+func (r *Runtime) trigger(ctx context.Context, req TriggerRequest, wf *store.Workflow) (*store.Run, bool, error) {
 	def, err := r.Definition(ctx, wf.ID, wf.Version)
 	if err != nil {
 		return nil, false, err
@@ -218,7 +261,7 @@ func (r *Runtime) Trigger(ctx context.Context, req TriggerRequest) (*store.Run, 
 	ch.events = append(ch.events, store.NewEvent{Type: "run_started", Data: map[string]any{"workflow": wf.Name, "version": wf.Version}})
 	ch.queue = append(ch.queue, store.QueueItem{Kind: store.KindRunExpire, DueAt: run.ExpiresAt})
 	r.decide(def, &run, steps, ch)
-	nr := &store.NewRun{Run: run, Steps: steps, Queue: ch.queue, Tasks: ch.tasks, Events: ch.events}
+	nr := &store.NewRun{Run: run, Steps: steps, Queue: ch.queue, Tasks: ch.tasks, Events: ch.events, Workflow: wf}
 	if ch.finished {
 		nr.Queue = nil
 	}

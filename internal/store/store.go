@@ -126,6 +126,12 @@ type NewRun struct {
 	Queue  []QueueItem
 	Tasks  []*Task
 	Events []NewEvent
+	// Workflow, when set, is the workflow the run was built from, as the
+	// caller last read it (perhaps from a cache): the run is created only
+	// if, inside the writing transaction, that workflow is still live,
+	// enabled, named Workflow.Name and at version Run.Version. Otherwise
+	// the result's Err is ErrWorkflowChanged and nothing of it is written.
+	Workflow *Workflow
 }
 
 // Task is a unit of work handed to external workers (the durable inbox). A
@@ -297,6 +303,10 @@ type TaskTx interface {
 	// Run is the owning run's transaction, or nil for a standalone task.
 	Run() RunTx
 }
+
+// ErrWorkflowChanged: a NewRun's workflow was renamed, disabled, deleted
+// or given a new version since the caller read it; read it again.
+var ErrWorkflowChanged = errors.New("workflow changed since it was read")
 
 // ErrRetry: a batched request shares its run or task with an earlier one in
 // the same batch; submit it again in a later batch.

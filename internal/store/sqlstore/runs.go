@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -148,10 +149,18 @@ func (s *Store) CreateRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 		return ra.IdempotencyKey < rb.IdempotencyKey
 	})
 	var cs *changeset
+	var stale map[int]bool // runs whose workflow changed since it was read
 	if len(todo) > 0 {
 		err = s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
 			cs = &changeset{}
+			var err error
+			if stale, err = s.staleWorkflows(ctx, tx, nrs, todo); err != nil {
+				return err
+			}
 			for _, i := range todo {
+				if stale[i] {
+					continue
+				}
 				if err := cs.newRun(nrs[i], now); err != nil {
 					return err
 				}
@@ -187,6 +196,10 @@ func (s *Store) CreateRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 		default:
 			s.committed(cs)
 			for _, i := range todo {
+				if stale[i] {
+					res[i].Err = store.ErrWorkflowChanged
+					continue
+				}
 				res[i] = store.CreateResult{Run: &store.Run{ID: nrs[i].Run.ID}, Created: true}
 			}
 		}
@@ -210,6 +223,57 @@ func (s *Store) CreateRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 		}
 	}
 	return res, nil
+}
+
+// staleWorkflows reads, inside the writing transaction, the workflows that
+// runs todo were built from (NewRun.Workflow) and returns the runs whose
+// workflow is no longer as read: renamed, disabled, deleted or at another
+// version. Callers may so build runs from a cached workflow and still
+// never start a run of a workflow disabled before the run committed.
+func (s *Store) staleWorkflows(ctx context.Context, tx *sql.Tx, nrs []*store.NewRun, todo []int) (map[int]bool, error) {
+	var ids []string
+	for _, i := range todo {
+		if w := nrs[i].Workflow; w != nil && !slices.Contains(ids, w.ID) {
+			ids = append(ids, w.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	type current struct {
+		name    string
+		version int
+		live    bool
+	}
+	now := make(map[string]current, len(ids))
+	cond, args := s.inStrings("id", ids)
+	rows, err := tx.QueryContext(ctx, s.q(`SELECT id, name, version, enabled AND deleted_at IS NULL FROM workflows WHERE `+cond), args...)
+	if err != nil {
+		return nil, fmt.Errorf("check workflows: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		var c current
+		if err := rows.Scan(&id, &c.name, &c.version, &c.live); err != nil {
+			return nil, err
+		}
+		now[id] = c
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	stale := map[int]bool{}
+	for _, i := range todo {
+		w := nrs[i].Workflow
+		if w == nil {
+			continue
+		}
+		if c, ok := now[w.ID]; !ok || !c.live || c.name != w.Name || c.version != nrs[i].Run.Version {
+			stale[i] = true
+		}
+	}
+	return stale, nil
 }
 
 func anyKey(nrs []*store.NewRun, idx []int) bool {

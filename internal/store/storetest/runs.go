@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -22,6 +23,7 @@ var runTests = []test{
 	{"CallbackTokenUnique", testCallbackTokenUnique},
 	{"CountRunsByStatus", testCountRuns},
 	{"CreateRunsLargeBatch", testCreateRunsLargeBatch},
+	{"CreateRunsChecksWorkflowAsRead", testCreateRunsChecksWorkflow},
 }
 
 func testCountRuns(t *testing.T, s store.Store) {
@@ -411,5 +413,67 @@ func testCreateRunsLargeBatch(t *testing.T, s store.Store) {
 	must(t, err, "GetRun")
 	if len(steps) != 30 {
 		t.Errorf("the last run has %d steps, want 30", len(steps))
+	}
+}
+
+// testCreateRunsChecksWorkflow: a run built from a workflow as read
+// (NewRun.Workflow) is written only while that workflow is still live,
+// enabled, so named and at that version; otherwise its result is
+// ErrWorkflowChanged, nothing of it is written, and the other runs of the
+// batch are created.
+func testCreateRunsChecksWorkflow(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	update := func(w *store.Workflow, name string, version int, enabled bool) {
+		t.Helper()
+		fp := fmt.Sprintf("fp-%s-%d", w.Name, version)
+		_, err := s.UpdateWorkflow(ctx, w.ID, &store.Workflow{Name: name, Fingerprint: fp, Definition: def(w.Name, version), Enabled: enabled})
+		must(t, err, "UpdateWorkflow "+w.Name)
+	}
+	current := mkWorkflow(t, s, "as-read")
+	disabled := mkWorkflow(t, s, "then-disabled")
+	update(disabled, disabled.Name, 1, false)
+	bumped := mkWorkflow(t, s, "then-bumped")
+	update(bumped, bumped.Name, 2, true)
+	renamed := mkWorkflow(t, s, "then-renamed")
+	update(renamed, "renamed-since", 1, true)
+	deleted := mkWorkflow(t, s, "then-deleted")
+	must(t, s.DeleteWorkflow(ctx, deleted.ID), "DeleteWorkflow")
+
+	as := []*store.Workflow{disabled, current, bumped, renamed, deleted}
+	var nrs []*store.NewRun
+	for _, w := range as {
+		nrs = append(nrs, &store.NewRun{Run: baseRun(w, ""), Workflow: w, Events: []store.NewEvent{{Type: "run_started"}},
+			Steps: []*store.StepRun{{Name: "a", Type: "task", Status: status.StepPending}}})
+	}
+	res, err := s.CreateRuns(ctx, nrs, t0)
+	must(t, err, "CreateRuns")
+	for i, w := range as {
+		if w == current {
+			if res[i].Err != nil || !res[i].Created || res[i].Run == nil || res[i].Run.WorkflowID != w.ID {
+				t.Fatalf("%s (unchanged): %+v, want created", w.Name, res[i])
+			}
+			continue
+		}
+		wantErr(t, res[i].Err, store.ErrWorkflowChanged, w.Name)
+		if res[i].Created || res[i].Run != nil {
+			t.Errorf("%s: %+v, want no run", w.Name, res[i])
+		}
+		counts, err := s.CountRuns(ctx, w.ID)
+		must(t, err, "CountRuns")
+		if len(counts) != 0 {
+			t.Errorf("%s: runs %v were written", w.Name, counts)
+		}
+		if _, _, err := s.GetRun(ctx, nrs[i].Run.ID); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("%s: GetRun of the refused run: %v, want not found", w.Name, err)
+		}
+	}
+	// Read again, the bumped workflow takes the run at its new version.
+	again, err := s.GetWorkflow(ctx, bumped.ID)
+	must(t, err, "GetWorkflow")
+	nr := &store.NewRun{Run: baseRun(again, ""), Workflow: again}
+	res, err = s.CreateRuns(ctx, []*store.NewRun{nr}, t0)
+	must(t, err, "CreateRuns again")
+	if res[0].Err != nil || !res[0].Created || res[0].Run.Version != 2 {
+		t.Fatalf("bumped, read again: %+v (run %+v), want created at version 2", res[0], res[0].Run)
 	}
 }

@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/json"
 	"net/url"
 	"strings"
@@ -62,6 +63,44 @@ func TestSchemaIsolation(t *testing.T) {
 	}
 	if len(schema) <= len(pgtest.SchemaPrefix) || schema[:len(pgtest.SchemaPrefix)] != pgtest.SchemaPrefix {
 		t.Errorf("current_schema() = %q, want a %s* schema", schema, pgtest.SchemaPrefix)
+	}
+}
+
+// TestKeysCompareBytewise: the columns Ferry's indexes compare ids, keys
+// and statuses on have the "C" collation (memcmp, not the C library's
+// strcoll), and the planner keeps using their indexes for lookups.
+func TestKeysCompareBytewise(t *testing.T) {
+	s := open(t)
+	keys := map[string][]string{
+		"workflows":         {"id"},
+		"workflow_versions": {"workflow_id"},
+		"runs":              {"id", "workflow_id", "status", "idempotency_key"},
+		"step_runs":         {"run_id", "name", "callback_token"},
+		"tasks":             {"id", "run_id", "idempotency_key", "status"},
+		"queue":             {"run_id"},
+		"events":            {"run_id"},
+	}
+	for table, cols := range keys {
+		for _, col := range cols {
+			var coll sql.NullString
+			err := s.DB().QueryRowContext(t.Context(), `SELECT collation_name FROM information_schema.columns
+				WHERE table_schema = current_schema() AND table_name = $1 AND column_name = $2`, table, col).Scan(&coll)
+			if err != nil {
+				t.Fatalf("%s.%s: %v", table, col, err)
+			}
+			if coll.String != "C" {
+				t.Errorf("%s.%s has collation %q, want C", table, col, coll.String)
+			}
+		}
+	}
+	// A run is still found by its id through the primary key with a
+	// text parameter (the comparison must not fall back to a scan).
+	var plan string
+	if err := s.DB().QueryRowContext(t.Context(), `EXPLAIN SELECT id FROM runs WHERE id = $1`, "x").Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(plan, "runs_pkey") {
+		t.Errorf("lookup by id does not use the primary key: %s", plan)
 	}
 }
 

@@ -201,3 +201,44 @@ func (e *Engine) Trigger(ctx context.Context, workflow string, input json.RawMes
 	}
 	return run.ID, nil
 }
+
+// TriggerInput is one run of TriggerBatch.
+type TriggerInput struct {
+	Input          json.RawMessage // nil is {}
+	IdempotencyKey string          // optional
+}
+
+// Triggered is one run started (or found) by TriggerBatch.
+type Triggered struct {
+	RunID   string
+	Created bool // false: the idempotency key named an existing run
+}
+
+// MaxTriggerBatch is the most runs one TriggerBatch call starts.
+const MaxTriggerBatch = runtime.MaxTriggerBatch
+
+// TriggerBatch starts runs of one workflow, one per input, in a single
+// transaction (at most MaxTriggerBatch): a backfill costs one commit per
+// batch instead of one per run. Results are in input order; a repeated
+// idempotency key returns the first run, also within the batch. On an
+// error no run was started (unless another server wrote one of the
+// batch's idempotency keys at the same moment); retrying with the same
+// keys is always safe.
+func (e *Engine) TriggerBatch(ctx context.Context, workflow string, inputs []TriggerInput) ([]Triggered, error) {
+	reqs := make([]runtime.TriggerRequest, len(inputs))
+	for i, in := range inputs {
+		if len(in.Input) > 0 && !json.Valid(in.Input) {
+			return nil, fmt.Errorf("inputs[%d]: the input is not valid JSON", i)
+		}
+		reqs[i] = runtime.TriggerRequest{Input: in.Input, IdempotencyKey: in.IdempotencyKey}
+	}
+	res, err := e.rt.TriggerBatch(ctx, workflow, reqs)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Triggered, len(res))
+	for i, r := range res {
+		out[i] = Triggered{RunID: r.Run.ID, Created: r.Created}
+	}
+	return out, nil
+}

@@ -373,3 +373,48 @@ func (e *env) triggerAll(ctx context.Context, workflow string, n int) error {
 
 // triggerClients is how many goroutines trigger runs at once.
 const triggerClients = 64
+
+// jobsBatch runs per TriggerBatch call and jobsBatchClients concurrent
+// callers create the jobs workload's runs ("created in batches first").
+const (
+	jobsBatch        = 1000
+	jobsBatchClients = 4
+)
+
+// triggerBatches creates n runs in TriggerBatch calls of jobsBatch runs.
+func (e *env) triggerBatches(ctx context.Context, workflow string, n int) error {
+	next := make(chan int)
+	go func() {
+		defer close(next)
+		for lo := 0; lo < n; lo += jobsBatch {
+			select {
+			case next <- lo:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	errs := make(chan error, jobsBatchClients)
+	for range jobsBatchClients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for lo := range next {
+				inputs := make([]ferry.TriggerInput, 0, jobsBatch)
+				for i := lo; i < min(lo+jobsBatch, n); i++ {
+					inputs = append(inputs, ferry.TriggerInput{Input: json.RawMessage(fmt.Sprintf(`{"i":%d}`, i))})
+				}
+				if _, err := e.eng.TriggerBatch(ctx, workflow, inputs); err != nil {
+					errs <- err
+					for range next {
+					}
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}

@@ -76,8 +76,8 @@ func result(name string, e *env, o Options) Result {
 }
 
 // drive applies a workflow, creates o.N runs, waits for all of them and
-// fills the common figures. With drainAfter, every run is created before
-// the workers start (the jobs workload).
+// fills the common figures. With drainAfter (the jobs workload), every run
+// is created before the workers start, in batches (TriggerBatch).
 func (e *env) drive(ctx context.Context, o Options, name, def string, stepsPerRun, tasksPerRun int, drainAfter, withSteps bool) (Result, map[string][]*store.StepRun, error) {
 	id, _, err := e.eng.ApplyWorkflow(ctx, []byte(def))
 	if err != nil {
@@ -87,7 +87,13 @@ func (e *env) drive(ctx context.Context, o Options, name, def string, stepsPerRu
 	if !drainAfter {
 		e.startWorkers()
 	}
-	if err := e.triggerAll(ctx, wfName, o.N); err != nil {
+	trigger := e.triggerAll
+	if drainAfter {
+		trigger = e.triggerBatches
+		e.settings["trigger_clients"] = jobsBatchClients
+		e.settings["trigger_batch"] = jobsBatch
+	}
+	if err := trigger(ctx, wfName, o.N); err != nil {
 		return Result{}, nil, err
 	}
 	if drainAfter {

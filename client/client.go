@@ -151,6 +151,27 @@ func (c *Client) Trigger(ctx context.Context, ref string, input json.RawMessage,
 	return &res, code == http.StatusCreated, nil
 }
 
+// MaxTriggerBatch is the most runs one TriggerBatch call may start.
+const MaxTriggerBatch = 1000
+
+// TriggerBatch starts runs of a workflow, one per item, in one transaction
+// on the server (1 to MaxTriggerBatch items): all of them, or on an error
+// none. Results are in item order; an idempotency key already used, also
+// earlier in the same batch, returns the first run with Created false.
+func (c *Client) TriggerBatch(ctx context.Context, ref string, runs []BatchRun) ([]BatchResult, error) {
+	body, err := json.Marshal(map[string]any{"runs": runs})
+	if err != nil {
+		return nil, fmt.Errorf("ferry: %w", err)
+	}
+	var res struct {
+		Runs []BatchResult `json:"runs"`
+	}
+	if _, err := c.do(ctx, http.MethodPost, "/api/v1/workflows/"+url.PathEscape(ref)+"/trigger-batch", nil, bytes.NewReader(body), &res); err != nil {
+		return nil, err
+	}
+	return res.Runs, nil
+}
+
 // ListRuns returns one page of a workflow's runs, newest first, without
 // their tasks. A limit of 0 uses the server's default page size.
 func (c *Client) ListRuns(ctx context.Context, ref, cursor string, limit int) ([]Run, string, error) {

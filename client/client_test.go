@@ -257,6 +257,25 @@ func TestTriggerAndRuns(t *testing.T) {
 		t.Fatalf("runs page 2: %+v next %q", page, next)
 	}
 
+	// A batch: in order, keys as for single triggers.
+	batch, err := c.TriggerBatch(ctx, "three", []client.BatchRun{
+		{Input: json.RawMessage(`{"order_id": 44}`), IdempotencyKey: "key-1"},
+		{Input: json.RawMessage(`{"order_id": 45}`)},
+	})
+	if err != nil || len(batch) != 2 {
+		t.Fatalf("batch: %+v err=%v", batch, err)
+	}
+	if batch[0].RunID != first.RunID || batch[0].Created || !batch[1].Created || batch[1].RunID == "" || batch[1].WorkflowID != wf.ID || len(batch[1].Raw) == 0 {
+		t.Fatalf("batch results = %+v", batch)
+	}
+	if batchRun, err := c.GetRun(ctx, batch[1].RunID); err != nil || string(batchRun.Input) != `{"order_id":45}` {
+		t.Fatalf("batch run: %+v err=%v", batchRun, err)
+	}
+	_, err = c.TriggerBatch(ctx, "three", nil)
+	if ae := apiError(t, err); ae.StatusCode != http.StatusBadRequest || ae.Code != client.CodeInvalidRequest {
+		t.Fatalf("empty batch: %+v", ae)
+	}
+
 	_, err = c.GetRun(ctx, "0190f0f0-0000-7000-8000-000000000000")
 	if ae := apiError(t, err); ae.StatusCode != http.StatusNotFound || ae.Code != client.CodeNotFound {
 		t.Fatalf("unknown run: %+v", ae)

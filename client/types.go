@@ -82,6 +82,32 @@ type TriggerResult struct {
 	Raw json.RawMessage `json:"-"`
 }
 
+// BatchRun is one run of TriggerBatch: its input (nil is {}) and an
+// optional idempotency key.
+type BatchRun struct {
+	Input          json.RawMessage `json:"input,omitempty"`
+	IdempotencyKey string          `json:"idempotency_key,omitempty"`
+}
+
+// BatchResult is one run started, or found by its idempotency key, by
+// TriggerBatch.
+type BatchResult struct {
+	TriggerResult
+	Created bool // false: the idempotency key named an existing run
+}
+
+// UnmarshalJSON decodes a batch item: the trigger result and "created".
+func (b *BatchResult) UnmarshalJSON(data []byte) error {
+	var c struct {
+		Created bool `json:"created"`
+	}
+	if err := json.Unmarshal(data, &c); err != nil {
+		return err
+	}
+	b.Created = c.Created
+	return b.TriggerResult.UnmarshalJSON(data)
+}
+
 // UnmarshalJSON decodes a trigger result and keeps the raw document in Raw.
 func (t *TriggerResult) UnmarshalJSON(b []byte) error {
 	type plain TriggerResult

@@ -791,6 +791,50 @@ func TestOpenAPIMatchesServer(t *testing.T) {
 		t.Errorf("list runs: %s", r.raw)
 	}
 
+	// Trigger a batch: in request order, keys as for a single trigger
+	// (also repeated within the batch), all in one transaction.
+	const batchRoute = "POST /api/v1/workflows/{id}/trigger-batch"
+	batch := `{"runs": [{"input": {"order_id": 123}, "idempotency_key": "order-123"}, {"input": {"order_id": 7}, "idempotency_key": "b-7"}, {}, {"idempotency_key": "b-7"}]}`
+	r = c.call(batchRoute, "/api/v1/workflows/checkout/trigger-batch", batch, nil)
+	c.expect(r, 201, "")
+	got := listOf(r.data()["runs"])
+	if len(got) != 4 {
+		t.Fatalf("batch: %s", r.raw)
+	}
+	if m(got[0])["run_id"] != runID || m(got[0])["created"] != false {
+		t.Errorf("batch item 0 reused key order-123: got %v, want run %s, created false", got[0], runID)
+	}
+	if m(got[1])["created"] != true || m(got[2])["created"] != true || m(got[1])["run_id"] == m(got[2])["run_id"] {
+		t.Errorf("batch items 1 and 2 should be two new runs: %s", r.raw)
+	}
+	if m(got[3])["run_id"] != m(got[1])["run_id"] || m(got[3])["created"] != false {
+		t.Errorf("batch item 3 repeats key b-7 of item 1: %s", r.raw)
+	}
+	r = c.call("GET /api/v1/runs/{run_id}", "/api/v1/runs/"+m(got[2])["run_id"].(string), "", nil)
+	c.expect(r, 200, "")
+	if in := m(r.data()["input"]); len(in) != 0 {
+		t.Errorf("an item without input should start a run with input {}: %s", r.raw)
+	}
+	r = c.call(batchRoute, "/api/v1/workflows/checkout/trigger-batch", `{"runs": [{"idempotency_key": "b-7"}]}`, nil)
+	c.expect(r, 200, "")
+	for body, path := range map[string]string{
+		`{"runs": []}`:                           "runs",
+		`{}`:                                     "runs",
+		`{"runs": [{}, {"idempotency_key": 5}]}`: "runs[1].idempotency_key",
+		`{"runs": [{"input": 1, "nope": true}]}`: "runs[0].nope",
+		`{"runs": [{}, 3]}`:                      "runs[1]",
+		`{"runs": [], "extra": 1}`:               "extra",
+	} {
+		r = c.call(batchRoute, "/api/v1/workflows/checkout/trigger-batch", body, nil)
+		c.expect(r, 400, "invalid_request")
+		if d := listOf(r.errorDetail()["details"]); len(d) != 1 || m(d[0])["path"] != path {
+			t.Errorf("batch %s: details %v, want path %q", body, r.errorDetail()["details"], path)
+		}
+	}
+	c.expect(c.call(batchRoute, "/api/v1/workflows/nope/trigger-batch", `{"runs": [{}]}`, nil), 404, "not_found")
+	bigItem := `{"runs": [{"input": "` + strings.Repeat("x", api.MaxTriggerBody) + `"}]}`
+	c.expect(c.call(batchRoute, "/api/v1/workflows/checkout/trigger-batch", bigItem, nil), 413, "too_large")
+
 	// Webhook callbacks.
 	c.expect(anon.call("POST /wh/{token}", "/wh/wh_unknown", `{}`, nil), 404, "not_found")
 	r = anon.call("POST /wh/{token}", whPath, `{"status":"paid","payment_id":"pay_789"}`, map[string]string{"Content-Type": "application/json"})

@@ -32,7 +32,10 @@ func OpenAPI() []byte { return openAPI }
 // MaxTriggerBody and MaxWebhookBody bound request bodies.
 const (
 	MaxTriggerBody = 1 << 20
-	MaxWebhookBody = 1 << 20
+	// MaxTriggerBatchBody bounds a trigger-batch request (each input is
+	// still at most MaxTriggerBody).
+	MaxTriggerBatchBody = 16 << 20
+	MaxWebhookBody      = 1 << 20
 )
 
 // Config wires the server.
@@ -80,6 +83,7 @@ var Routes = []string{
 	"PUT /api/v1/workflows/{id}",
 	"DELETE /api/v1/workflows/{id}",
 	"POST /api/v1/workflows/{id}/trigger",
+	"POST /api/v1/workflows/{id}/trigger-batch",
 	"GET /api/v1/workflows/{id}/runs",
 	"GET /api/v1/workflows/{id}/runs/{run_id}",
 	"POST /api/v1/workflows/{id}/runs/{run_id}/cancel",
@@ -110,6 +114,7 @@ func (s *Server) routes() {
 		"PUT /api/v1/workflows/{id}":                       s.auth(s.updateWorkflow),
 		"DELETE /api/v1/workflows/{id}":                    s.auth(s.deleteWorkflow),
 		"POST /api/v1/workflows/{id}/trigger":              s.auth(s.trigger),
+		"POST /api/v1/workflows/{id}/trigger-batch":        s.auth(s.triggerBatch),
 		"GET /api/v1/workflows/{id}/runs":                  s.auth(s.listRuns),
 		"GET /api/v1/workflows/{id}/runs/{run_id}":         s.auth(s.getRun),
 		"POST /api/v1/workflows/{id}/runs/{run_id}/cancel": s.auth(s.cancelRun),
@@ -361,16 +366,10 @@ func (s *Server) trigger(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, CodeInvalidJSON, "trigger body must be JSON", spec.FieldError{Path: "", Code: CodeInvalidJSON, Message: err.Error()})
 		return
 	}
-	headers := map[string]string{}
-	for k, v := range r.Header {
-		if !privateHeaders[k] && len(v) > 0 {
-			headers[k] = v[0]
-		}
-	}
 	var compact bytes.Buffer
 	_ = json.Compact(&compact, b)
 	run, created, err := s.rt.Trigger(r.Context(), runtime.TriggerRequest{
-		Workflow: r.PathValue("id"), Input: compact.Bytes(), Headers: headers,
+		Workflow: r.PathValue("id"), Input: compact.Bytes(), Headers: triggerHeaders(r),
 		IdempotencyKey: r.Header.Get("Idempotency-Key"),
 	})
 	if err != nil {
@@ -381,10 +380,94 @@ func (s *Server) trigger(w http.ResponseWriter, r *http.Request) {
 	if !created {
 		code = http.StatusOK
 	}
-	writeData(w, code, map[string]any{
+	writeData(w, code, triggeredJSON(run))
+}
+
+// triggerHeaders are the request's headers a run records, but for
+// credentials.
+func triggerHeaders(r *http.Request) map[string]string {
+	headers := map[string]string{}
+	for k, v := range r.Header {
+		if !privateHeaders[k] && len(v) > 0 {
+			headers[k] = v[0]
+		}
+	}
+	return headers
+}
+
+func triggeredJSON(run *store.Run) map[string]any {
+	return map[string]any{
 		"run_id": run.ID, "workflow_id": run.WorkflowID, "version": run.Version,
 		"status": run.Status, "started_at": run.StartedAt.UTC(),
-	})
+	}
+}
+
+// triggerBatch starts up to runtime.MaxTriggerBatch runs of one workflow in
+// one transaction: {"runs": [{"input": …, "idempotency_key": "…"}, …]}.
+func (s *Server) triggerBatch(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Runs []json.RawMessage `json:"runs"`
+	}
+	if !decodeStrictLimit(w, r, &body, MaxTriggerBatchBody) {
+		return
+	}
+	if len(body.Runs) == 0 || len(body.Runs) > runtime.MaxTriggerBatch {
+		badField(w, "runs", fmt.Sprintf("runs must be an array of 1 to %d runs (got %d)", runtime.MaxTriggerBatch, len(body.Runs)))
+		return
+	}
+	headers := triggerHeaders(r)
+	reqs := make([]runtime.TriggerRequest, len(body.Runs))
+	for i, raw := range body.Runs {
+		path := fmt.Sprintf("runs[%d]", i)
+		var item struct {
+			Input          json.RawMessage `json:"input"`
+			IdempotencyKey string          `json:"idempotency_key"`
+		}
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&item); err != nil {
+			msg := path + " must be an object with input and idempotency_key"
+			var te *json.UnmarshalTypeError
+			switch {
+			case errors.As(err, &te) && te.Field != "":
+				path += "." + te.Field
+				msg = path + " must be " + jsonKind(te.Type.Kind().String())
+			case strings.HasPrefix(err.Error(), "json: unknown field "):
+				path += "." + strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+				msg = "unknown field " + path
+			}
+			badField(w, path, msg)
+			return
+		}
+		input := []byte("{}")
+		if len(item.Input) > 0 {
+			if len(item.Input) > MaxTriggerBody {
+				msg := fmt.Sprintf("%s.input is over %d bytes", path, MaxTriggerBody)
+				writeError(w, http.StatusRequestEntityTooLarge, CodeTooLarge, msg, spec.FieldError{Path: path + ".input", Code: CodeTooLarge, Message: msg})
+				return
+			}
+			var compact bytes.Buffer
+			_ = json.Compact(&compact, item.Input)
+			input = compact.Bytes()
+		}
+		reqs[i] = runtime.TriggerRequest{Input: input, Headers: headers, IdempotencyKey: item.IdempotencyKey}
+	}
+	res, err := s.rt.TriggerBatch(r.Context(), r.PathValue("id"), reqs)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	code := http.StatusOK
+	out := make([]any, len(res))
+	for i, t := range res {
+		o := triggeredJSON(t.Run)
+		o["created"] = t.Created
+		out[i] = o
+		if t.Created {
+			code = http.StatusCreated
+		}
+	}
+	writeData(w, code, map[string]any{"runs": out})
 }
 
 func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {

@@ -22,7 +22,11 @@ const MaxTaskBody = 1 << 20
 // decodeStrict reads a JSON object into v, rejecting unknown fields and
 // wrong types with a 400 that names the field.
 func decodeStrict(w http.ResponseWriter, r *http.Request, v any) bool {
-	b, ok := readBody(w, r, MaxTaskBody)
+	return decodeStrictLimit(w, r, v, MaxTaskBody)
+}
+
+func decodeStrictLimit(w http.ResponseWriter, r *http.Request, v any, limit int64) bool {
+	b, ok := readBody(w, r, limit)
 	if !ok {
 		return false
 	}

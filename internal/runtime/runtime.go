@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	mrand "math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -196,8 +197,29 @@ func (r *Runtime) Trigger(ctx context.Context, req TriggerRequest) (*store.Run, 
 		if errors.Is(err, store.ErrWorkflowChanged) && attempt < 3 {
 			continue // changed again while this trigger was written
 		}
+		if err == nil && !created && attempt == 0 {
+			if changed, err := r.changedSince(ctx, req.Workflow, wf); err != nil || changed {
+				if err != nil {
+					return nil, false, err
+				}
+				continue
+			}
+		}
 		return run, created, err
 	}
+}
+
+// changedSince tells whether the workflow ref names is no longer wf. A run
+// found by its idempotency key is not checked against its workflow when
+// written (nothing is written): with wf from the cache, the key may name a
+// run of a workflow since deleted, disabled or replaced, which a trigger
+// must not return. Key hits are rare; this reads the workflow again.
+func (r *Runtime) changedSince(ctx context.Context, ref string, wf *store.Workflow) (bool, error) {
+	fresh, err := r.workflow(ctx, ref, true)
+	if err != nil {
+		return false, err
+	}
+	return fresh.ID != wf.ID || fresh.Version != wf.Version || fresh.Name != wf.Name, nil
 }
 
 // workflow resolves a trigger's reference, from the cache unless fresh.
@@ -232,11 +254,27 @@ func (r *Runtime) trigger(ctx context.Context, req TriggerRequest, wf *store.Wor
 	if err != nil {
 		return nil, false, err
 	}
+	nr := r.newRun(wf, def, req, r.clk.Now())
+	q := &triggerReq{ctx: ctx, nr: nr, done: make(chan struct{})}
+	if err := r.triggers.do(q, q.done); err != nil {
+		return nil, false, err
+	}
+	if q.err != nil {
+		return nil, false, q.err
+	}
+	if q.created {
+		r.log.Info("run started", "run_id", q.run.ID, "workflow", wf.Name, "version", wf.Version)
+	}
+	return q.run, q.created, nil
+}
+
+// newRun is a new run of wf with its first decisions made: its steps,
+// first work, queue items and events.
+func (r *Runtime) newRun(wf *store.Workflow, def *spec.Workflow, req TriggerRequest, now time.Time) *store.NewRun {
 	input := req.Input
 	if len(input) == 0 {
 		input = json.RawMessage("{}")
 	}
-	now := r.clk.Now()
 	run := store.Run{
 		ID:             uuid.Must(uuid.NewV7()).String(),
 		WorkflowID:     wf.ID,
@@ -265,17 +303,109 @@ func (r *Runtime) trigger(ctx context.Context, req TriggerRequest, wf *store.Wor
 	if ch.finished {
 		nr.Queue = nil
 	}
-	q := &triggerReq{ctx: ctx, nr: nr, done: make(chan struct{})}
-	if err := r.triggers.do(q, q.done); err != nil {
-		return nil, false, err
+	return nr
+}
+
+// MaxTriggerBatch is the most runs one TriggerBatch call starts.
+const MaxTriggerBatch = 1000
+
+// ErrBatchTooLarge: a TriggerBatch call over MaxTriggerBatch runs.
+var ErrBatchTooLarge = fmt.Errorf("more than %d runs in one batch", MaxTriggerBatch)
+
+// TriggerResult is one run of TriggerBatch: the run, and whether this call
+// created it (false: its idempotency key named an existing run).
+type TriggerResult struct {
+	Run     *store.Run
+	Created bool
+}
+
+// TriggerBatch starts runs of the workflow named by ref, one per request
+// (their Workflow field is ignored), in one transaction: a backfill of a
+// thousand runs costs one commit. Results are in request order. An
+// idempotency key already used returns the first run with Created false,
+// also when it repeats within the batch. On an error no run of the batch
+// was started, except when another server wrote one of its idempotency
+// keys at the same moment; a retry with the same keys is always safe.
+func (r *Runtime) TriggerBatch(ctx context.Context, ref string, reqs []TriggerRequest) ([]TriggerResult, error) {
+	if len(reqs) > MaxTriggerBatch {
+		return nil, fmt.Errorf("%d runs: %w", len(reqs), ErrBatchTooLarge)
 	}
-	if q.err != nil {
-		return nil, false, q.err
+	for attempt := 0; ; attempt++ {
+		wf, err := r.workflow(ctx, ref, attempt > 0)
+		if err != nil {
+			return nil, err
+		}
+		out, err := r.triggerBatch(ctx, wf, reqs)
+		if errors.Is(err, store.ErrWorkflowChanged) && attempt < 3 {
+			continue
+		}
+		if err == nil && attempt == 0 && len(out) > 0 && !slices.ContainsFunc(out, func(t TriggerResult) bool { return t.Created }) {
+			// Every run found by key, nothing written: see changedSince.
+			// (A batch that created runs passed the check when written,
+			// so its keys were looked up under the live workflow.)
+			if changed, err := r.changedSince(ctx, ref, wf); err != nil || changed {
+				if err != nil {
+					return nil, err
+				}
+				continue
+			}
+		}
+		return out, err
 	}
-	if q.created {
-		r.log.Info("run started", "run_id", q.run.ID, "workflow", wf.Name, "version", wf.Version)
+}
+
+func (r *Runtime) triggerBatch(ctx context.Context, wf *store.Workflow, reqs []TriggerRequest) ([]TriggerResult, error) {
+	def, err := r.Definition(ctx, wf.ID, wf.Version)
+	if err != nil {
+		return nil, err
 	}
-	return q.run, q.created, nil
+	now := r.clk.Now()
+	nrs := make([]*store.NewRun, len(reqs))
+	for i, q := range reqs {
+		nrs[i] = r.newRun(wf, def, q, now)
+	}
+	out := make([]TriggerResult, len(reqs))
+	todo := make([]int, len(reqs))
+	for i := range todo {
+		todo[i] = i
+	}
+	created := 0
+	// A key repeated within the batch is ErrRetry on its later uses: the
+	// next round finds the run its first use created.
+	for round := 0; len(todo) > 0; round++ {
+		if round == 2 {
+			return nil, fmt.Errorf("idempotency keys still unresolved after two rounds: %w", store.ErrRetry)
+		}
+		r.yield.wait(r.clk, triggerYield)
+		batch := make([]*store.NewRun, len(todo))
+		for j, i := range todo {
+			batch[j] = nrs[i]
+		}
+		res, err := r.st.CreateRuns(ctx, batch, now)
+		if err != nil {
+			return nil, err
+		}
+		var again []int
+		for j, c := range res {
+			i := todo[j]
+			switch {
+			case errors.Is(c.Err, store.ErrRetry):
+				again = append(again, i)
+			case c.Err != nil:
+				return nil, c.Err
+			default:
+				out[i] = TriggerResult{Run: c.Run, Created: c.Created}
+				if c.Created {
+					created++
+				}
+			}
+		}
+		todo = again
+	}
+	if created > 0 {
+		r.log.Info("runs started", "count", created, "workflow", wf.Name, "version", wf.Version)
+	}
+	return out, nil
 }
 
 type triggerReq struct {

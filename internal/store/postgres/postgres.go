@@ -81,6 +81,7 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 		Dollar:          true,
 		LockRun:         " FOR UPDATE",
 		SkipLocked:      " FOR UPDATE SKIP LOCKED",
+		ShareLock:       " FOR SHARE",
 		IsUnique:        isUnique,
 		MigrationLock:   "SELECT pg_advisory_lock(7244917)",
 		MigrationUnlock: "SELECT pg_advisory_unlock(7244917)",

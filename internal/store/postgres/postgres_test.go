@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"net/url"
 	"strings"
 	"sync"
@@ -409,5 +410,68 @@ func TestCreateRunsKeyRace(t *testing.T) {
 	}
 	if r[2].Err != nil || !r[2].Created || r[2].Run == nil || r[2].Run.Status != status.RunRunning {
 		t.Errorf("run without a key: %+v, want created", r[2])
+	}
+}
+
+// TestCreateRunsWaitsForWorkflowUpdate: the check of a run's workflow in
+// the writing transaction holds the workflow row, so a run is never
+// written for a workflow whose disabling committed first. While another
+// transaction has disabled the workflow but not committed, CreateRuns
+// waits; once it commits, the run is refused.
+func TestCreateRunsWaitsForWorkflowUpdate(t *testing.T) {
+	s := open(t)
+	ctx := t.Context()
+	wf, err := s.CreateWorkflow(ctx, &store.Workflow{Name: "held", Fingerprint: "f", Definition: json.RawMessage(`{}`), Enabled: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := s.DB().BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback() //nolint:errcheck
+	if _, err := tx.ExecContext(ctx, `UPDATE workflows SET enabled = FALSE WHERE id = $1`, wf.ID); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		res []store.CreateResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		nr := &store.NewRun{Workflow: wf, Run: store.Run{WorkflowID: wf.ID, Version: wf.Version, Status: "running", Input: json.RawMessage(`{}`),
+			StartedAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour)}}
+		res, err := s.CreateRuns(context.WithoutCancel(ctx), []*store.NewRun{nr}, time.Now())
+		done <- result{res, err}
+	}()
+	// Wait until the check is blocked on the row lock.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting int
+		if err := s.ReadDB().QueryRowContext(ctx, `SELECT COUNT(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%FROM workflows%FOR SHARE%' AND datname = current_database()`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("CreateRuns returned while the workflow's update was uncommitted: %+v, %v", r.res, r.err)
+		case <-time.After(5 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("CreateRuns never waited for the workflow row")
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if !errors.Is(r.res[0].Err, store.ErrWorkflowChanged) || r.res[0].Created {
+		t.Fatalf("CreateRuns after the disable committed: %+v, want ErrWorkflowChanged", r.res[0])
 	}
 }

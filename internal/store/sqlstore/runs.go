@@ -229,7 +229,8 @@ func (s *Store) CreateRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 // runs todo were built from (NewRun.Workflow) and returns the runs whose
 // workflow is no longer as read: renamed, disabled, deleted or at another
 // version. Callers may so build runs from a cached workflow and still
-// never start a run of a workflow disabled before the run committed.
+// never start a run of a workflow disabled before the run committed: the
+// rows are read under a shared lock, which an update waits for.
 func (s *Store) staleWorkflows(ctx context.Context, tx *sql.Tx, nrs []*store.NewRun, todo []int) (map[int]bool, error) {
 	var ids []string
 	for _, i := range todo {
@@ -247,7 +248,9 @@ func (s *Store) staleWorkflows(ctx context.Context, tx *sql.Tx, nrs []*store.New
 	}
 	now := make(map[string]current, len(ids))
 	cond, args := s.inStrings("id", ids)
-	rows, err := tx.QueryContext(ctx, s.q(`SELECT id, name, version, enabled AND deleted_at IS NULL FROM workflows WHERE `+cond), args...)
+	// Shared locks: a concurrent update or delete of the workflow waits
+	// for this transaction, or this one reads what it committed.
+	rows, err := tx.QueryContext(ctx, s.q(`SELECT id, name, version, enabled AND deleted_at IS NULL FROM workflows WHERE `+cond+` ORDER BY id`+s.d.ShareLock), args...)
 	if err != nil {
 		return nil, fmt.Errorf("check workflows: %w", err)
 	}

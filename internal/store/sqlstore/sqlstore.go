@@ -30,6 +30,9 @@ type Dialect struct {
 	LockRun string
 	// SkipLocked is appended to the claim sub-select.
 	SkipLocked string
+	// ShareLock is appended to reads that must hold a row unchanged until
+	// the transaction ends (Postgres: FOR SHARE; SQLite has one writer).
+	ShareLock string
 	// IsUnique classifies unique-constraint violations.
 	IsUnique func(error) bool
 	// MigrationLock/Unlock serialise concurrent migrators (Postgres).

@@ -34,7 +34,11 @@ type request interface {
 }
 
 type batcher[R request] struct {
-	reqs  chan R
+	// lanes are the queues; with key nil there is one, shared by every
+	// lane's loop, else one per loop and a request goes to the lane its
+	// key names.
+	lanes []chan R
+	key   func(R) uint64
 	apply func(batch []R) (retry []R)
 	once  sync.Once
 	wg    *sync.WaitGroup
@@ -45,8 +49,28 @@ type batcher[R request] struct {
 	closed bool
 }
 
-func newBatcher[R request](stop <-chan struct{}, wg *sync.WaitGroup, apply func([]R) []R) *batcher[R] {
-	return &batcher[R]{reqs: make(chan R, 4*maxBatch), apply: apply, wg: wg, stop: stop}
+// newBatcher batches requests for apply. With key set, requests with the
+// same key always go to the same lane: reports of one run then never wait
+// in one lane's transaction for the run lock that the other lane's holds
+// (on Postgres, lanes are concurrent transactions), and a run's parallel
+// steps finish in one batch.
+func newBatcher[R request](stop <-chan struct{}, wg *sync.WaitGroup, key func(R) uint64, apply func([]R) []R) *batcher[R] {
+	b := &batcher[R]{key: key, apply: apply, wg: wg, stop: stop}
+	n := 1
+	if key != nil {
+		n = batchLanes
+	}
+	for range n {
+		b.lanes = append(b.lanes, make(chan R, 4*maxBatch))
+	}
+	return b
+}
+
+func (b *batcher[R]) lane(q R) chan R {
+	if b.key == nil {
+		return b.lanes[0]
+	}
+	return b.lanes[b.key(q)%uint64(len(b.lanes))]
 }
 
 // do submits q and waits for its answer. It waits even if q's context ends
@@ -59,13 +83,13 @@ func (b *batcher[R]) do(q R, done <-chan struct{}) error {
 		return errClosed
 	}
 	b.once.Do(func() { // under the read lock: before any Close waits
-		for range batchLanes {
+		for i := range batchLanes {
 			b.wg.Add(1)
-			go b.loop()
+			go b.loop(b.lanes[i%len(b.lanes)])
 		}
 	})
 	select {
-	case b.reqs <- q:
+	case b.lane(q) <- q:
 	case <-q.context().Done():
 		b.mu.RUnlock()
 		return q.context().Err()
@@ -82,7 +106,7 @@ func (b *batcher[R]) shut() {
 	b.mu.Unlock()
 }
 
-func (b *batcher[R]) loop() {
+func (b *batcher[R]) loop(reqs chan R) {
 	defer b.wg.Done()
 	var carry []R // to retry: they shared a run or key with another request
 	for {
@@ -90,17 +114,17 @@ func (b *batcher[R]) loop() {
 		carry = nil
 		if len(batch) == 0 {
 			select {
-			case q := <-b.reqs:
+			case q := <-reqs:
 				batch = append(batch, q)
 			case <-b.stop:
-				b.drain()
+				b.drain(reqs)
 				return
 			}
 		}
 	fill:
 		for len(batch) < maxBatch {
 			select {
-			case q := <-b.reqs:
+			case q := <-reqs:
 				batch = append(batch, q)
 			default:
 				break fill
@@ -112,10 +136,10 @@ func (b *batcher[R]) loop() {
 
 // drain answers what is still queued when the runtime closes: nothing will
 // write it.
-func (b *batcher[R]) drain() {
+func (b *batcher[R]) drain(reqs chan R) {
 	for {
 		select {
-		case q := <-b.reqs:
+		case q := <-reqs:
 			q.fail(errClosed)
 			q.finish()
 		default:

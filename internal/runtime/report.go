@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 
 	"github.com/ferryhq/ferry/internal/status"
 	"github.com/ferryhq/ferry/internal/store"
@@ -31,8 +32,42 @@ func (r *Runtime) reportTask(ctx context.Context, id, token string, fn func(tx s
 	if err := r.reports.do(q, q.done); err != nil {
 		return nil, err
 	}
+	if q.err == nil && q.out != nil && q.out.Status != status.TaskLeased {
+		r.taskRuns.Delete(id) // finished: no more reports
+	}
 	return q.out, q.err
 }
+
+// reportLane keys a report by its task's run when this runtime handed the
+// task out (see handedOut), else by the task: reports of one run go to
+// one lane.
+func (r *Runtime) reportLane(q *reportReq) uint64 {
+	key := q.id
+	if run, ok := r.taskRuns.Load(q.id); ok {
+		key = run.(string)
+	}
+	h := fnv.New64a()
+	h.Write([]byte(key))
+	return h.Sum64()
+}
+
+// handedOut remembers the runs of tasks leased to workers, for reportLane.
+// Bounded: past maxTaskRuns it starts again (a report of a forgotten task
+// only loses its lane's affinity).
+func (r *Runtime) handedOut(ts []*store.Task) {
+	for _, t := range ts {
+		if t.RunID == "" {
+			continue
+		}
+		if r.taskRunsN.Add(1) > maxTaskRuns {
+			r.taskRuns.Clear()
+			r.taskRunsN.Store(0)
+		}
+		r.taskRuns.Store(t.ID, t.RunID)
+	}
+}
+
+const maxTaskRuns = 1 << 16
 
 // applyReports writes a batch and answers every report in it except those
 // to retry, which it returns.

@@ -61,12 +61,15 @@ type Runtime struct {
 	// wfs caches trigger references (id or name) -> *store.Workflow, only
 	// enabled ones; every run built from one is checked against the
 	// workflow's row in the transaction that writes it (NewRun.Workflow).
-	wfs   sync.Map
-	wfsN  atomic.Int64
-	types sync.Map // task type -> cachedType
-	wake  chan struct{}
-	freed chan struct{} // a processing slot came free
-	sem   chan struct{}
+	wfs  sync.Map
+	wfsN atomic.Int64
+	// taskRuns: task id -> run id of tasks handed to workers (reportLane)
+	taskRuns  sync.Map
+	taskRunsN atomic.Int64
+	types     sync.Map // task type -> cachedType
+	wake      chan struct{}
+	freed     chan struct{} // a processing slot came free
+	sem       chan struct{}
 	// planned is when the dispatcher will next look at the queue (Unix
 	// ns; MaxInt64 while it is deciding): commits that queue something
 	// due earlier wake it, others need not.
@@ -122,8 +125,15 @@ func New(cfg Config) *Runtime {
 		draining: make(chan struct{}),
 		closed:   make(chan struct{}),
 	}
-	r.reports = newBatcher(r.closed, &r.batchWG, r.applyReports)
-	r.triggers = newBatcher(r.closed, &r.batchWG, r.applyTriggers)
+	// Reports of one run go to one lane where lanes are concurrent
+	// transactions (Postgres); with one writer in turn (SQLite) any free
+	// lane takes the next report.
+	reportKey := r.reportLane
+	if sw, ok := cfg.Store.(serialWriter); ok && sw.SerialWrites() {
+		reportKey = nil
+	}
+	r.reports = newBatcher(r.closed, &r.batchWG, reportKey, r.applyReports)
+	r.triggers = newBatcher(r.closed, &r.batchWG, nil, r.applyTriggers)
 	r.planned.Store(math.MaxInt64)
 	cfg.Store.OnCommit(r.committed)
 	return r
@@ -172,6 +182,9 @@ func (r *Runtime) Definition(ctx context.Context, workflowID string, version int
 func (r *Runtime) CallbackURL(token string) string {
 	return r.cfg.PublicURL + "/wh/" + token
 }
+
+// serialWriter is a store whose writes are applied by one writer in turn.
+type serialWriter interface{ SerialWrites() bool }
 
 // TriggerRequest is a request to start a run.
 type TriggerRequest struct {

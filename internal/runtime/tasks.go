@@ -217,6 +217,7 @@ func (r *Runtime) ClaimTasks(ctx context.Context, req ClaimRequest) ([]*store.Ta
 		}
 		got = r.dropExhausted(ctx, got)
 		if len(got) > 0 || !now.Before(deadline) {
+			r.handedOut(got)
 			return got, nil
 		}
 		sleep := deadline.Sub(now)
@@ -397,6 +398,7 @@ func (r *Runtime) CompleteTaskAndClaim(ctx context.Context, id, token string, re
 	if err != nil {
 		return nil, nil, err
 	}
+	r.handedOut(e.taken)
 	return out, e.taken, nil
 }
 

@@ -161,6 +161,11 @@ func (s *Store) EnableGroupCommit(max int, sync func() error) {
 	s.group = newGroupCommit(s.w, max, s.cache, sync)
 }
 
+// SerialWrites tells whether one writer applies every write in turn
+// (SQLite's group commit): concurrent write transactions never wait for
+// each other's locks then.
+func (s *Store) SerialWrites() bool { return s.group != nil }
+
 // durable returns once every write committed so far is on disk. With
 // SQLite's deferred sync, a commit made outside the group writer (workflow
 // and key changes) or a row found by a read is not yet known to be; this

@@ -221,9 +221,7 @@ const MaxTriggerBatch = runtime.MaxTriggerBatch
 // transaction (at most MaxTriggerBatch): a backfill costs one commit per
 // batch instead of one per run. Results are in input order; a repeated
 // idempotency key returns the first run, also within the batch. On an
-// error no run was started (unless another server wrote one of the
-// batch's idempotency keys at the same moment); retrying with the same
-// keys is always safe.
+// error no run was started. An empty batch starts nothing.
 func (e *Engine) TriggerBatch(ctx context.Context, workflow string, inputs []TriggerInput) ([]Triggered, error) {
 	reqs := make([]runtime.TriggerRequest, len(inputs))
 	for i, in := range inputs {

@@ -824,6 +824,7 @@ func TestOpenAPIMatchesServer(t *testing.T) {
 		`{"runs": [{"input": 1, "nope": true}]}`: "runs[0].nope",
 		`{"runs": [{}, 3]}`:                      "runs[1]",
 		`{"runs": [], "extra": 1}`:               "extra",
+		`{"runs": [{}, null]}`:                   "runs[1]",
 	} {
 		r = c.call(batchRoute, "/api/v1/workflows/checkout/trigger-batch", body, nil)
 		c.expect(r, 400, "invalid_request")
@@ -832,6 +833,11 @@ func TestOpenAPIMatchesServer(t *testing.T) {
 		}
 	}
 	c.expect(c.call(batchRoute, "/api/v1/workflows/nope/trigger-batch", `{"runs": [{}]}`, nil), 404, "not_found")
+	c.expect(c.call(batchRoute, "/api/v1/workflows/checkout/trigger-batch", `{"runs": [{}]}`, map[string]string{"Idempotency-Key": "k"}), 400, "invalid_request")
+	// Headers are stored with every run: 1,000 runs of a 20 KiB header
+	// would write 20 MiB.
+	many := `{"runs": [` + strings.TrimSuffix(strings.Repeat(`{},`, 1000), ",") + `]}`
+	c.expect(c.call(batchRoute, "/api/v1/workflows/checkout/trigger-batch", many, map[string]string{"X-Big": strings.Repeat("h", 20<<10)}), 413, "too_large")
 	bigItem := `{"runs": [{"input": "` + strings.Repeat("x", api.MaxTriggerBody) + `"}]}`
 	c.expect(c.call(batchRoute, "/api/v1/workflows/checkout/trigger-batch", bigItem, nil), 413, "too_large")
 

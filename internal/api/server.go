@@ -415,10 +415,27 @@ func (s *Server) triggerBatch(w http.ResponseWriter, r *http.Request) {
 		badField(w, "runs", fmt.Sprintf("runs must be an array of 1 to %d runs (got %d)", runtime.MaxTriggerBatch, len(body.Runs)))
 		return
 	}
+	if r.Header.Get("Idempotency-Key") != "" {
+		badField(w, "", "the Idempotency-Key header applies to single triggers: give each item of runs an idempotency_key")
+		return
+	}
 	headers := triggerHeaders(r)
+	size := 0
+	for k, v := range headers {
+		size += len(k) + len(v)
+	}
+	if size*len(body.Runs) > MaxTriggerBatchBody {
+		msg := fmt.Sprintf("the request headers (%d bytes), stored with each of %d runs, are over %d bytes in all", size, len(body.Runs), MaxTriggerBatchBody)
+		writeError(w, http.StatusRequestEntityTooLarge, CodeTooLarge, msg, spec.FieldError{Path: "", Code: CodeTooLarge, Message: msg})
+		return
+	}
 	reqs := make([]runtime.TriggerRequest, len(body.Runs))
 	for i, raw := range body.Runs {
 		path := fmt.Sprintf("runs[%d]", i)
+		if bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+			badField(w, path, path+" must be an object with input and idempotency_key")
+			return
+		}
 		var item struct {
 			Input          json.RawMessage `json:"input"`
 			IdempotencyKey string          `json:"idempotency_key"`

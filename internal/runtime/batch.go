@@ -196,6 +196,9 @@ func (r *Runtime) Close() {
 	r.closeOnce.Do(func() {
 		r.reports.shut()
 		r.triggers.shut()
+		r.bulkMu.Lock() // waits for batch triggers in flight
+		r.bulkClosed = true
+		r.bulkMu.Unlock()
 		close(r.closed)
 	})
 	r.batchWG.Wait()

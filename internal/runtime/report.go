@@ -33,7 +33,9 @@ func (r *Runtime) reportTask(ctx context.Context, id, token string, fn func(tx s
 		return nil, err
 	}
 	if q.err == nil && q.out != nil && q.out.Status != status.TaskLeased {
-		r.taskRuns.Delete(id) // finished: no more reports
+		if _, ok := r.taskRuns.LoadAndDelete(id); ok { // finished: no more reports
+			r.taskRunsN.Add(-1)
+		}
 	}
 	return q.out, q.err
 }
@@ -51,19 +53,19 @@ func (r *Runtime) reportLane(q *reportReq) uint64 {
 	return h.Sum64()
 }
 
-// handedOut remembers the runs of tasks leased to workers, for reportLane.
-// Bounded: past maxTaskRuns it starts again (a report of a forgotten task
-// only loses its lane's affinity).
+// handedOut remembers the runs of tasks leased to workers, for reportLane;
+// a task's entry goes when it finishes. Bounded: past maxTaskRuns (tasks
+// released or reclaimed elsewhere are never reported here) it starts
+// again, and a report of a forgotten task only loses its lane's affinity.
 func (r *Runtime) handedOut(ts []*store.Task) {
 	for _, t := range ts {
 		if t.RunID == "" {
 			continue
 		}
-		if r.taskRunsN.Add(1) > maxTaskRuns {
+		if _, loaded := r.taskRuns.LoadOrStore(t.ID, t.RunID); !loaded && r.taskRunsN.Add(1) > maxTaskRuns {
 			r.taskRuns.Clear()
 			r.taskRunsN.Store(0)
 		}
-		r.taskRuns.Store(t.ID, t.RunID)
 	}
 }
 

@@ -91,7 +91,12 @@ type Runtime struct {
 	triggers  *batcher[*triggerReq]
 	batchWG   sync.WaitGroup
 	closeOnce sync.Once
-	closed    chan struct{}
+	// Batch triggers write on the caller's goroutine: bulk bounds how many
+	// at once, and bulkMu orders them before Close.
+	bulk       chan struct{}
+	bulkMu     sync.RWMutex
+	bulkClosed bool
+	closed     chan struct{}
 }
 
 // New builds a runtime; call Run to start dispatching.
@@ -124,6 +129,7 @@ func New(cfg Config) *Runtime {
 		taskSig:  make(chan struct{}),
 		draining: make(chan struct{}),
 		closed:   make(chan struct{}),
+		bulk:     make(chan struct{}, batchLanes),
 	}
 	// Reports of one run go to one lane where lanes are concurrent
 	// transactions (Postgres); with one writer in turn (SQLite) any free
@@ -337,11 +343,26 @@ type TriggerResult struct {
 // thousand runs costs one commit. Results are in request order. An
 // idempotency key already used returns the first run with Created false,
 // also when it repeats within the batch. On an error no run of the batch
-// was started, except when another server wrote one of its idempotency
-// keys at the same moment; a retry with the same keys is always safe.
+// was started. An empty batch starts nothing.
 func (r *Runtime) TriggerBatch(ctx context.Context, ref string, reqs []TriggerRequest) ([]TriggerResult, error) {
 	if len(reqs) > MaxTriggerBatch {
 		return nil, fmt.Errorf("%d runs: %w", len(reqs), ErrBatchTooLarge)
+	}
+	if len(reqs) == 0 {
+		return nil, nil
+	}
+	r.bulkMu.RLock()
+	defer r.bulkMu.RUnlock()
+	if r.bulkClosed {
+		return nil, errClosed
+	}
+	// As many batches write at once as trigger lanes; more would only
+	// queue in the store and hold memory.
+	select {
+	case r.bulk <- struct{}{}:
+		defer func() { <-r.bulk }()
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
 	for attempt := 0; ; attempt++ {
 		wf, err := r.workflow(ctx, ref, attempt > 0)

@@ -131,6 +131,15 @@ func TestTriggerBatch(t *testing.T) {
 		if n := count(); n != 300 {
 			t.Errorf("%d runs stored after the refused batch, want 300", n)
 		}
+		if res, err := e.rt.TriggerBatch(ctx, "bulk", nil); err != nil || len(res) != 0 {
+			t.Errorf("an empty batch: %v, %v; want nothing", res, err)
+		}
+		_, err = e.st.UpdateWorkflow(ctx, wf.ID, &store.Workflow{Name: "bulk", Definition: def.Source, Fingerprint: def.Fingerprint(), Enabled: true})
+		must(t, err, "UpdateWorkflow (enable again)")
+		e.rt.Close()
+		if _, err := e.rt.TriggerBatch(ctx, wf.ID, reqs[:1]); err == nil || count() != 300 {
+			t.Errorf("a batch after Close: %v, %d runs stored; want an error and 300", err, count())
+		}
 	})
 }
 

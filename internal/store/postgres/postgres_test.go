@@ -411,6 +411,14 @@ func TestCreateRunsKeyRace(t *testing.T) {
 	if r[2].Err != nil || !r[2].Created || r[2].Run == nil || r[2].Run.Status != status.RunRunning {
 		t.Errorf("run without a key: %+v, want created", r[2])
 	}
+	// The batch started again as a whole: the run without a key exists once.
+	counts, err := s.CountRuns(ctx, wf.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if counts[status.RunRunning] != 3 {
+		t.Errorf("runs after the race: %v, want 3 running (k0, the other server's k1, one without a key)", counts)
+	}
 }
 
 // TestCreateRunsWaitsForWorkflowUpdate: the check of a run's workflow in

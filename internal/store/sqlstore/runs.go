@@ -106,8 +106,18 @@ func (s *Store) CreateRun(ctx context.Context, nr *store.NewRun, now time.Time) 
 // queue items, tasks and events. A run whose idempotency key already names
 // a run of its workflow is not written: its result is that run with
 // Created false. A key repeated within nrs gets store.ErrRetry for all but
-// the first.
+// the first. The runs written are written together: another server writing
+// one of the keys meanwhile makes the whole call start again (the keys are
+// read again), never a part of it stick.
 func (s *Store) CreateRuns(ctx context.Context, nrs []*store.NewRun, now time.Time) ([]store.CreateResult, error) {
+	return s.createRuns(ctx, nrs, now, 0)
+}
+
+// maxKeyRaces bounds how often CreateRuns starts again because another
+// server wrote one of its keys between the read and the insert.
+const maxKeyRaces = 4
+
+func (s *Store) createRuns(ctx context.Context, nrs []*store.NewRun, now time.Time, race int) ([]store.CreateResult, error) {
 	res := make([]store.CreateResult, len(nrs))
 	existing, err := s.runsByKey(ctx, nrs)
 	if err != nil {
@@ -168,29 +178,11 @@ func (s *Store) CreateRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 			return s.flush(ctx, tx, cs)
 		})
 		switch {
-		case err != nil && s.d.IsUnique(err) && anyKey(nrs, todo) && len(todo) > 1:
-			// Another server wrote a key meanwhile (the check above ran
-			// outside the transaction): one by one, each finds its own
-			// or fails alone.
-			for _, i := range todo {
-				r, err := s.CreateRuns(ctx, nrs[i:i+1], now)
-				if err != nil {
-					res[i].Err = err
-					continue
-				}
-				res[i] = r[0]
-			}
-		case err != nil && s.d.IsUnique(err) && anyKey(nrs, todo):
-			found, kerr := s.runsByKey(ctx, nrs[todo[0]:todo[0]+1])
-			if kerr == nil {
-				kerr = s.durable(ctx)
-			}
-			r := nrs[todo[0]].Run
-			id := found[[2]string{r.WorkflowID, r.IdempotencyKey}]
-			if kerr != nil || id == "" {
-				return nil, fmt.Errorf("create runs: %w", err)
-			}
-			res[todo[0]] = store.CreateResult{Run: &store.Run{ID: id}}
+		case err != nil && s.d.IsUnique(err) && anyKey(nrs, todo) && race < maxKeyRaces:
+			// Another server wrote a key meanwhile (the keys are read
+			// before the transaction): nothing was written; read them
+			// again and write the rest.
+			return s.createRuns(ctx, nrs, now, race+1)
 		case err != nil:
 			return nil, fmt.Errorf("create runs: %w", err)
 		default:

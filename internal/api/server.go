@@ -444,14 +444,9 @@ func (s *Server) triggerBatch(w http.ResponseWriter, r *http.Request) {
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&item); err != nil {
 			msg := path + " must be an object with input and idempotency_key"
-			var te *json.UnmarshalTypeError
-			switch {
-			case errors.As(err, &te) && te.Field != "":
-				path += "." + te.Field
-				msg = path + " must be " + jsonKind(te.Type.Kind().String())
-			case strings.HasPrefix(err.Error(), "json: unknown field "):
-				path += "." + strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
-				msg = "unknown field " + path
+			if field, problem := fieldProblem(err); field != "" {
+				msg = path + ": " + problem
+				path += "." + field
 			}
 			badField(w, path, msg)
 			return

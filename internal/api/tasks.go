@@ -45,21 +45,34 @@ func decodeStrictLimit(w http.ResponseWriter, r *http.Request, v any, limit int6
 	path, msg := "", err.Error()
 	var te *json.UnmarshalTypeError
 	var se *json.SyntaxError
+	field, problem := fieldProblem(err)
 	switch {
-	case errors.As(err, &te) && te.Field == "":
-		msg = "request body must be a JSON object"
+	case field != "":
+		path, msg = field, problem
 	case errors.As(err, &te):
-		path, msg = te.Field, fmt.Sprintf("%s must be %s", te.Field, jsonKind(te.Type.Kind().String()))
+		msg = "request body must be a JSON object"
 	case errors.As(err, &se):
 		msg = fmt.Sprintf("invalid JSON at byte %d: %v", se.Offset, err)
-	case strings.HasPrefix(msg, "json: unknown field "):
-		path = strings.Trim(strings.TrimPrefix(msg, "json: unknown field "), `"`)
-		msg = fmt.Sprintf("unknown field %q", path)
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		msg = "truncated JSON"
 	}
 	writeError(w, http.StatusBadRequest, CodeInvalidRequest, msg, spec.FieldError{Path: path, Code: CodeInvalidRequest, Message: msg})
 	return false
+}
+
+// fieldProblem names the field of an object that a strict decode failed
+// on (a wrong type or an unknown field) and what is wrong with it; field
+// is "" when the error is not about one field.
+func fieldProblem(err error) (field, problem string) {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) && te.Field != "" {
+		return te.Field, fmt.Sprintf("%s must be %s", te.Field, jsonKind(te.Type.Kind().String()))
+	}
+	if msg := err.Error(); strings.HasPrefix(msg, "json: unknown field ") {
+		field = strings.Trim(strings.TrimPrefix(msg, "json: unknown field "), `"`)
+		return field, fmt.Sprintf("unknown field %q", field)
+	}
+	return "", ""
 }
 
 func jsonKind(k string) string {

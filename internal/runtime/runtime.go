@@ -206,25 +206,41 @@ type TriggerRequest struct {
 // The workflow comes from a cache of references; the transaction that
 // writes the run checks it is still live, enabled and at that version, and
 // a trigger whose workflow changed meanwhile reads it again and retries.
-func (r *Runtime) Trigger(ctx context.Context, req TriggerRequest) (*store.Run, bool, error) {
+func (r *Runtime) Trigger(ctx context.Context, req TriggerRequest) (run *store.Run, created bool, err error) {
+	err = r.withWorkflow(ctx, req.Workflow, func(wf *store.Workflow) (bool, error) {
+		var err error
+		run, created, err = r.trigger(ctx, req, wf)
+		return !created, err
+	})
+	return run, created, err
+}
+
+// withWorkflow runs write with the workflow ref names, from the cache, and
+// again with it read afresh (up to three times) when the writing
+// transaction found it changed (store.ErrWorkflowChanged). write reports
+// whether it only found runs by idempotency key and wrote nothing: those
+// were not checked against the workflow (see changedSince), so with a
+// cached workflow it is read again and, if it changed, write runs again.
+func (r *Runtime) withWorkflow(ctx context.Context, ref string, write func(wf *store.Workflow) (foundOnly bool, err error)) error {
 	for attempt := 0; ; attempt++ {
-		wf, err := r.workflow(ctx, req.Workflow, attempt > 0)
+		wf, err := r.workflow(ctx, ref, attempt > 0)
 		if err != nil {
-			return nil, false, err
+			return err
 		}
-		run, created, err := r.trigger(ctx, req, wf)
+		foundOnly, err := write(wf)
 		if errors.Is(err, store.ErrWorkflowChanged) && attempt < 3 {
 			continue // changed again while this trigger was written
 		}
-		if err == nil && !created && attempt == 0 {
-			if changed, err := r.changedSince(ctx, req.Workflow, wf); err != nil || changed {
-				if err != nil {
-					return nil, false, err
-				}
+		if err == nil && foundOnly && attempt == 0 {
+			changed, err := r.changedSince(ctx, ref, wf)
+			if err != nil {
+				return err
+			}
+			if changed {
 				continue
 			}
 		}
-		return run, created, err
+		return err
 	}
 }
 
@@ -364,28 +380,18 @@ func (r *Runtime) TriggerBatch(ctx context.Context, ref string, reqs []TriggerRe
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	for attempt := 0; ; attempt++ {
-		wf, err := r.workflow(ctx, ref, attempt > 0)
-		if err != nil {
-			return nil, err
-		}
-		out, err := r.triggerBatch(ctx, wf, reqs)
-		if errors.Is(err, store.ErrWorkflowChanged) && attempt < 3 {
-			continue
-		}
-		if err == nil && attempt == 0 && len(out) > 0 && !slices.ContainsFunc(out, func(t TriggerResult) bool { return t.Created }) {
-			// Every run found by key, nothing written: see changedSince.
-			// (A batch that created runs passed the check when written,
-			// so its keys were looked up under the live workflow.)
-			if changed, err := r.changedSince(ctx, ref, wf); err != nil || changed {
-				if err != nil {
-					return nil, err
-				}
-				continue
-			}
-		}
-		return out, err
+	var out []TriggerResult
+	err := r.withWorkflow(ctx, ref, func(wf *store.Workflow) (bool, error) {
+		var err error
+		out, err = r.triggerBatch(ctx, wf, reqs)
+		// A batch that created runs passed the check when written, so
+		// its keys were looked up under the live workflow.
+		return !slices.ContainsFunc(out, func(t TriggerResult) bool { return t.Created }), err
+	})
+	if err != nil {
+		return nil, err
 	}
+	return out, nil
 }
 
 func (r *Runtime) triggerBatch(ctx context.Context, wf *store.Workflow, reqs []TriggerRequest) ([]TriggerResult, error) {

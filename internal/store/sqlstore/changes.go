@@ -206,8 +206,11 @@ const (
 	cBool  = "bool"
 )
 
+// postgres: writes and id lists go as arrays, and writes as one statement.
+func (s *Store) postgres() bool { return s.d.Name == "postgres" }
+
 func (s *Store) cast(typ string) string {
-	pg := s.d.Name == "postgres"
+	pg := s.postgres()
 	switch typ {
 	case cInt:
 		return "BIGINT"
@@ -241,7 +244,7 @@ type part struct {
 // planner plans a handful of parameters instead of thousands (planning the
 // VALUES form took ≈0.5 ms per statement there).
 func (s *Store) updateParts(table string, keys, set []string, types []string, rows [][]any) []part {
-	if s.d.Dollar {
+	if s.postgres() {
 		return []part{{key: stmtKey{"update", table, 0}, args: columns(rows, len(types)), what: "update " + table,
 			text: func() string { return s.updateArrays(table, keys, set, types) }}}
 	}
@@ -264,7 +267,7 @@ func (s *Store) updateParts(table string, keys, set []string, types []string, ro
 // Postgres one INSERT … SELECT FROM unnest(…), as in updateParts).
 func (s *Store) insertParts(table, cols string, types []string, rows [][]any) []part {
 	n := len(types)
-	if s.d.Dollar {
+	if s.postgres() {
 		return []part{{key: stmtKey{"insert", table, 0}, args: columns(rows, n), what: "insert " + table,
 			text: func() string { return "INSERT INTO " + table + " (" + cols + ") SELECT * FROM " + s.unnest(types) }}}
 	}
@@ -348,7 +351,7 @@ func (s *Store) updateArrays(table string, keys, set, types []string) string {
 // of different rows. The statement also returns the transaction's id, the
 // xmin of every row it wrote (the version cache's versions), kept in c.xid.
 func (s *Store) exec(ctx context.Context, tx *sql.Tx, c *changeset, parts []part) error {
-	if s.d.Name != "postgres" {
+	if !s.postgres() {
 		for _, p := range parts {
 			if _, err := tx.ExecContext(ctx, s.stmt(p.key, p.text), p.args...); err != nil {
 				return fmt.Errorf("%s: %w", p.what, err)
@@ -617,7 +620,7 @@ func (s *Store) inStrings(col string, vals []string) (string, []any) {
 }
 
 func (s *Store) inTyped(col, typ string, vals []any) (string, []any) {
-	if s.d.Dollar {
+	if s.postgres() {
 		return col + " = ANY(CAST(? AS " + s.cast(typ) + "[]))", []any{vals}
 	}
 	n := 1

@@ -151,23 +151,27 @@ func (b *batcher[R]) drain(reqs chan R) {
 // triggerYield bounds how long a trigger batch waits for late timers.
 const triggerYield = 50 * time.Millisecond
 
-// yieldGate lets trigger batches wait while late timers are written.
+// yieldGate lets trigger batches wait while late timers are written: it is
+// closed while any hold is in place.
 type yieldGate struct {
 	mu   sync.Mutex
-	open chan struct{} // nil: nothing to wait for; closed by end
+	n    int
+	open chan struct{} // nil: nothing to wait for; closed by the last release
 }
 
-func (g *yieldGate) begin() {
+func (g *yieldGate) hold() {
 	g.mu.Lock()
-	if g.open == nil {
+	if g.n == 0 {
 		g.open = make(chan struct{})
 	}
+	g.n++
 	g.mu.Unlock()
 }
 
-func (g *yieldGate) end() {
+func (g *yieldGate) release() {
 	g.mu.Lock()
-	if g.open != nil {
+	g.n--
+	if g.n == 0 {
 		close(g.open)
 		g.open = nil
 	}

@@ -27,13 +27,18 @@ func (r *Runtime) Run(ctx context.Context) error {
 			}
 		}()
 	}
+	timersDone := make(chan struct{})
+	go func() {
+		defer close(timersDone)
+		r.runTimers(ctx)
+	}()
 	lastSweep := r.clk.Now()
 	for {
 		if err := ctx.Err(); err != nil {
 			r.wg.Wait()
+			<-timersDone
 			return nil
 		}
-		r.fireTimers(ctx)
 		free := cap(r.sem) - len(r.sem)
 		claimed := 0
 		if free > 0 {
@@ -69,9 +74,8 @@ func (r *Runtime) Run(ctx context.Context) error {
 			}
 		}
 		if free == 0 || (claimed > 0 && claimed == free) {
-			// More may be due: go round again once a slot frees up. Timers
-			// need no slot: any commit that queues work wakes us, and a
-			// short tick fires timers that merely came due meanwhile.
+			// More may be due: go round again once a slot frees up (or a
+			// commit queues work, or a short tick passes).
 			r.planned.Store(math.MaxInt64)
 			t := r.clk.NewTimer(saturatedTick)
 			select {
@@ -92,7 +96,7 @@ func (r *Runtime) sleepUntilDue(ctx context.Context) {
 	// plan is set, so an item committed after NextDue read is not missed.
 	r.planned.Store(math.MaxInt64)
 	wait := r.cfg.SafetyTick
-	next, ok, err := r.st.NextDue(ctx)
+	next, ok, err := r.st.NextDue(ctx, time.Time{}, store.KindHTTP)
 	if err != nil && ctx.Err() == nil {
 		r.log.Warn("next due failed", "err", err)
 	}
@@ -163,68 +167,9 @@ func (r *Runtime) expireTx(ctx context.Context, tx store.RunTx) error {
 	return r.flush(ctx, tx, run, ch)
 }
 
-// fireTimerBatch is how many due timers go into one transaction.
-const fireTimerBatch = 1024
-
-// saturatedTick bounds how late timers run while every processing slot is
-// busy with HTTP attempts.
+// saturatedTick bounds how long the dispatcher waits while every
+// processing slot is busy with HTTP attempts.
 const saturatedTick = 10 * time.Millisecond
-
-// timerSlack is how late timers may run before new triggers give way.
-const timerSlack = 10 * time.Millisecond
-
-// fireTimers applies every due wake-up, webhook timeout and run expiry,
-// many per transaction: they touch only the database, so they need no
-// lease and no goroutine each. A burst of wake-ups costs a transaction per
-// batch, not per run.
-//
-// Timers come before new runs: when the last batch ran more than
-// timerSlack late, trigger batches wait (each at most triggerYield) while
-// the next timer batch is written, so a flood of triggers cannot make the
-// runs already asleep wake late.
-func (r *Runtime) fireTimers(ctx context.Context) {
-	for ctx.Err() == nil {
-		var expired []string
-		now := r.clk.Now()
-		var late time.Duration
-		urgent := time.Duration(r.timersLate.Load()) > timerSlack
-		if urgent {
-			r.yield.begin()
-		}
-		n, errs, err := r.st.FireDue(ctx, now, fireTimerBatch, r.cfg.Lease, func(it *store.QueueItem, tx store.RunTx) error {
-			late = max(late, now.Sub(it.DueAt))
-			switch it.Kind {
-			case store.KindWake:
-				return r.timerTx(ctx, tx, it, status.StepSleeping, status.StepSuccess, "step_succeeded", "")
-			case store.KindWaitTimeout:
-				return r.timerTx(ctx, tx, it, status.StepWaiting, status.StepTimeout, "step_timeout", "no callback before the timeout")
-			case store.KindRunExpire:
-				expired = append(expired, it.RunID)
-				return r.expireTx(ctx, tx)
-			}
-			return fmt.Errorf("unknown queue item kind %q", it.Kind)
-		})
-		if urgent {
-			r.yield.end()
-		}
-		r.timersLate.Store(int64(late))
-		if err != nil {
-			if ctx.Err() == nil {
-				r.log.Error("firing due timers failed", "err", err)
-			}
-			return
-		}
-		for _, err := range errs {
-			r.log.Error("timer failed; retried after the lease", "err", err)
-		}
-		for _, id := range expired {
-			r.abortRun(id)
-		}
-		if n < fireTimerBatch {
-			return
-		}
-	}
-}
 
 func (r *Runtime) track(runID string, id int64, cancel context.CancelFunc) func() {
 	r.mu.Lock()

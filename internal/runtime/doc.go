@@ -1,12 +1,13 @@
 // Package runtime is Ferry's imperative shell around the pure engine: it
 // triggers runs, applies the engine's decisions transactionally under the
 // run's lock (reports and triggers that arrive together share one
-// transaction, each still answered on its own: batch.go), and runs the
-// dispatcher: it fires due timers (sleep wake-ups, webhook timeouts, run
-// expiry) many per transaction, and claims due HTTP attempts, executes them
-// and records their outcome. It sleeps until the earliest due item and is
-// woken after commits that queue earlier work, locally or from other nodes
-// (Postgres NOTIFY); a slow safety-net tick covers lost wake-ups.
+// transaction, each still answered on its own: batch.go), and runs two
+// loops: the dispatcher claims due HTTP attempts, executes them and records
+// their outcome (dispatch.go), and the timer loop fires due timers (sleep
+// wake-ups, webhook timeouts, run expiry) in several transactions at once
+// (timers.go). Each sleeps until its earliest due item and is woken after
+// commits that queue earlier work, locally or from other nodes (Postgres
+// NOTIFY); a slow safety-net tick covers lost wake-ups.
 //
 // It imports the engine, spec, expr, store, clock, status and step packages;
 // it must not import api, cli or web.

@@ -84,8 +84,11 @@ type Runtime struct {
 	taskMu  sync.Mutex
 	taskSig chan struct{} // closed and replaced when tasks may have become claimable
 
-	timersLate atomic.Int64 // how late the last timer batch ran (ns)
-	yield      yieldGate    // closed while late timers are being written
+	timers *timerLoop
+	// yield is held while late timers are being written: trigger batches
+	// wait for it (at most triggerYield each), so a flood of new runs
+	// cannot make the runs already asleep wake late.
+	yield yieldGate
 
 	reports   *batcher[*reportReq]
 	triggers  *batcher[*triggerReq]
@@ -135,8 +138,10 @@ func New(cfg Config) *Runtime {
 	// transactions (Postgres); with one writer in turn (SQLite) any free
 	// lane takes the next report.
 	reportKey := r.reportLane
+	r.timers = newTimerLoop(concurrentTimers)
 	if sw, ok := cfg.Store.(serialWriter); ok && sw.SerialWrites() {
 		reportKey = nil
+		r.timers = newTimerLoop(serialTimers)
 	}
 	r.reports = newBatcher(r.closed, &r.batchWG, reportKey, r.applyReports)
 	r.triggers = newBatcher(r.closed, &r.batchWG, nil, r.applyTriggers)
@@ -152,17 +157,21 @@ func (r *Runtime) committed(c store.Committed) {
 	if c.Tasks {
 		r.tasksReady()
 	}
-	if !c.QueueDue.IsZero() && c.QueueDue.UnixNano() < r.planned.Load() {
+	if !c.HTTPDue.IsZero() && c.HTTPDue.UnixNano() < r.planned.Load() {
 		r.Nudge()
+	}
+	if !c.TimerDue.IsZero() && c.TimerDue.UnixNano() < r.timers.planned.Load() {
+		r.timers.nudge()
 	}
 }
 
-// Nudge wakes the dispatcher: new work may be due.
+// Nudge wakes the dispatcher and the timer loop: new work may be due.
 func (r *Runtime) Nudge() {
 	select {
 	case r.wake <- struct{}{}:
 	default:
 	}
+	r.timers.nudge()
 }
 
 // Definition returns the parsed definition of a workflow version, cached:

@@ -184,7 +184,9 @@ func TestYieldGate(t *testing.T) {
 	clk := clock.NewFake(time.Date(2026, 2, 22, 10, 0, 0, 0, time.UTC))
 	g.wait(clk, time.Hour) // nothing begun: returns at once
 
-	g.begin()
+	// Two holds (two late chunks in flight): closed until both release.
+	g.hold()
+	g.hold()
 	passed := make(chan struct{})
 	go func() { g.wait(clk, time.Hour); close(passed) }()
 	select {
@@ -192,15 +194,21 @@ func TestYieldGate(t *testing.T) {
 		t.Fatal("wait returned while late timers were being written")
 	case <-time.After(50 * time.Millisecond): // negative check: give it a chance to go wrong
 	}
-	g.end()
+	g.release()
+	select {
+	case <-passed:
+		t.Fatal("wait returned while one late chunk was still being written")
+	case <-time.After(50 * time.Millisecond): // negative check
+	}
+	g.release()
 	select {
 	case <-passed:
 	case <-time.After(10 * time.Second):
-		t.Fatal("wait did not return after end")
+		t.Fatal("wait did not return after the last release")
 	}
 
-	g.begin()
-	defer g.end()
+	g.hold()
+	defer g.release()
 	bounded := make(chan struct{})
 	go func() { g.wait(clk, time.Second); close(bounded) }()
 	deadline := time.Now().Add(10 * time.Second)

@@ -75,6 +75,15 @@ const (
 	KindRunExpire   = "run_expire"   // a run reached max_duration
 )
 
+// TimerKinds are the kinds applied by FireTimers: they touch only the
+// database, so they are fired in batches without a lease each.
+var TimerKinds = []string{KindWake, KindWaitTimeout, KindRunExpire}
+
+// IsTimer says whether kind is one of TimerKinds.
+func IsTimer(kind string) bool {
+	return kind == KindWake || kind == KindWaitTimeout || kind == KindRunExpire
+}
+
 // QueueItem is durable work with a due time; it is deleted when done.
 type QueueItem struct {
 	ID         int64
@@ -230,12 +239,18 @@ type Store interface {
 	// ExtendLease moves a claimed item's lease end; ErrLeaseLost when the
 	// item is gone (done, or its run finished) or leased to someone else.
 	ExtendLease(ctx context.Context, id int64, leaseToken string, until time.Time) error
-	// FireDue applies up to max due timer items (wake, wait_timeout,
-	// run_expire) in one transaction, calling fn for each under its run's
-	// lock; see sqlstore.Store.FireDue.
-	FireDue(ctx context.Context, now time.Time, max int, lease time.Duration, fn func(it *QueueItem, tx RunTx) error) (taken int, errs []error, err error)
-	// NextDue is the earliest time a queue item becomes claimable.
-	NextDue(ctx context.Context) (time.Time, bool, error)
+	// DueTimers lists up to max timer items (TimerKinds) due at now and
+	// not held by a lease, earliest first, without locking anything: the
+	// caller picks runs from them for FireTimers.
+	DueTimers(ctx context.Context, now time.Time, max int) ([]*QueueItem, error)
+	// FireTimers applies the due timer items of the given runs in one
+	// transaction, calling fn for each under its run's lock; see
+	// sqlstore.Store.FireTimers.
+	FireTimers(ctx context.Context, runIDs []string, now time.Time, lease time.Duration, fn func(it *QueueItem, tx RunTx) error) (taken int, errs []error, err error)
+	// NextDue is the earliest time later than after (any time, when after
+	// is zero) at which an item of one of kinds becomes due: its due time,
+	// or its lease end while it is leased.
+	NextDue(ctx context.Context, after time.Time, kinds ...string) (time.Time, bool, error)
 	// Sweep deletes queue items of finished runs (they can do nothing).
 	Sweep(ctx context.Context) (int, error)
 
@@ -313,11 +328,13 @@ var ErrWorkflowChanged = errors.New("workflow changed since it was read")
 var ErrRetry = errors.New("retry in a later batch")
 
 // Committed tells, after a write committed, what it made ready: the
-// earliest queue item it added (zero when none) and whether tasks became
-// claimable. Wake-ups follow commits, never precede them, so a woken
+// earliest queue items it added and whether tasks became claimable. Wake-ups follow commits, never precede them, so a woken
 // dispatcher or claim always sees the rows.
 type Committed struct {
-	QueueDue time.Time
+	// HTTPDue is the earliest HTTP attempt queued, TimerDue the earliest
+	// timer (TimerKinds); zero when none.
+	HTTPDue  time.Time
+	TimerDue time.Time
 	Tasks    bool
 }
 

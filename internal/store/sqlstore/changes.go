@@ -98,10 +98,7 @@ func (c *changeset) merge(o *changeset) {
 			c.cancel = append(c.cancel, r)
 		}
 	}
-	if !o.note.c.QueueDue.IsZero() {
-		c.note.queued(o.note.c.QueueDue)
-	}
-	c.note.c.Tasks = c.note.c.Tasks || o.note.c.Tasks
+	c.note.merge(o.note)
 }
 
 // newRun adds a run with its steps, queue items, tasks and events.
@@ -126,7 +123,7 @@ func (c *changeset) newRun(nr *store.NewRun, now time.Time) error {
 	for _, it := range nr.Queue {
 		it.RunID = r.ID
 		c.queue = append(c.queue, it)
-		c.note.queued(it.DueAt)
+		c.note.queued(it.Kind, it.DueAt)
 	}
 	for _, t := range nr.Tasks {
 		t.RunID = r.ID

@@ -8,5 +8,6 @@
 //
 // It imports internal/store and the standard library; it must not import the
 // engine, runtime or api packages, nor a database driver (the sqlite and
-// postgres packages bring those).
+// postgres packages bring those; only its own tests open SQLite directly,
+// to drive the single writer).
 package sqlstore

@@ -5,8 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/ferryhq/ferry/internal/store"
@@ -233,7 +235,7 @@ func (t *runTx) Enqueue(items ...store.QueueItem) error {
 	for _, it := range items {
 		it.RunID = t.run.ID
 		t.cs.queue = append(t.cs.queue, it)
-		t.cs.note.queued(it.DueAt)
+		t.cs.note.queued(it.Kind, it.DueAt)
 	}
 	return nil
 }
@@ -331,55 +333,72 @@ func (s *Store) Claim(ctx context.Context, now time.Time, lease time.Duration, n
 	return out, nil
 }
 
-// FireDue takes up to max due timer items (wake, wait_timeout,
-// run_expire) and calls fn for each under its run's lock, all in one
-// transaction: a wake-up needs no lease, since nothing runs outside the
-// transaction. Runs are locked first, in id order, then the items (SKIP
-// LOCKED: another node's), the order of every run transaction. An item
-// whose fn succeeded is deleted; one whose fn failed is leased for lease,
-// so it is retried then and not at once. fn's failure drops only its own
-// writes. It returns how many items it took and the errors of the failed
-// ones.
-func (s *Store) FireDue(ctx context.Context, now time.Time, max int, lease time.Duration, fn func(it *store.QueueItem, tx store.RunTx) error) (int, []error, error) {
-	const timers = `kind IN ('` + store.KindWake + `', '` + store.KindWaitTimeout + `', '` + store.KindRunExpire + `') AND due_at <= ? AND (lease_until IS NULL OR lease_until <= ?)`
-	// Candidates are read outside the transaction; the locks below decide.
-	rows, err := s.r.QueryContext(ctx, s.q(`SELECT run_id FROM queue WHERE `+timers+` ORDER BY due_at, id LIMIT ?`), ts(now), ts(now), max)
+// timersDue selects timer items that are due at ? and not held by a lease
+// (a failed one is held until its lease ends).
+const timersDue = `kind IN ('` + store.KindWake + `', '` + store.KindWaitTimeout + `', '` + store.KindRunExpire + `') AND due_at <= ? AND (lease_until IS NULL OR lease_until <= ?)`
+
+// DueTimers reads up to max due timer items, earliest first, outside any
+// transaction: FireTimers decides under the locks. Each kind is walked in
+// its own part of the queue_due index (kind, due_at, id) and the walks are
+// merged, so the read costs max rows whatever else is queued; a single
+// walk over all kinds would sort every due item.
+func (s *Store) DueTimers(ctx context.Context, now time.Time, max int) ([]*store.QueueItem, error) {
+	const one = `SELECT id, kind, run_id, step, attempt, due_at FROM queue WHERE kind = ? AND due_at <= ? AND (lease_until IS NULL OR lease_until <= ?) ORDER BY due_at, id LIMIT ?`
+	var parts []string
+	var args []any
+	for i, k := range store.TimerKinds {
+		parts = append(parts, fmt.Sprintf(`SELECT * FROM (%s) t%d`, one, i))
+		args = append(args, k, ts(now), ts(now), max)
+	}
+	rows, err := s.r.QueryContext(ctx, s.q(strings.Join(parts, ` UNION ALL `)+` ORDER BY due_at, id LIMIT ?`), append(args, max)...)
 	if err != nil {
-		return 0, nil, err
+		return nil, fmt.Errorf("due timers: %w", err)
 	}
-	var runIDs []string
-	seen := map[string]bool{}
+	defer rows.Close()
+	var out []*store.QueueItem
 	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			rows.Close()
-			return 0, nil, err
+		var it store.QueueItem
+		var due int64
+		if err := rows.Scan(&it.ID, &it.Kind, &it.RunID, &it.Step, &it.Attempt, &due); err != nil {
+			return nil, err
 		}
-		if !seen[id] {
-			seen[id] = true
-			runIDs = append(runIDs, id)
-		}
+		it.DueAt = fromTS(due)
+		out = append(out, &it)
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil || len(runIDs) == 0 {
-		return 0, nil, err
+	return out, rows.Err()
+}
+
+// FireTimers applies the due timer items (wake, wait_timeout, run_expire)
+// of runIDs in one transaction: it locks the runs, takes their items that
+// are still due (skipping rows another node holds on Postgres) and calls
+// fn for each under the run's lock; each applied item is deleted. Timers
+// touch only the database, so no lease is taken before the work: the
+// transaction is the work.
+//
+// An item whose fn fails keeps its row, leased until now+lease so it is
+// not due again at once, and its writes are dropped; its error is in errs,
+// and the other items commit. taken counts the items fn was called for.
+//
+// On SQLite the write goes ahead of other queued writes: a timer's due
+// time is a promise, a worker's report can wait one group.
+func (s *Store) FireTimers(ctx context.Context, runIDs []string, now time.Time, lease time.Duration, fn func(it *store.QueueItem, tx store.RunTx) error) (int, []error, error) {
+	if len(runIDs) == 0 {
+		return 0, nil, nil
 	}
+	runIDs = slices.Clone(runIDs)
 	sort.Strings(runIDs)
+	runIDs = slices.Compact(runIDs)
 	var cs *changeset
 	var taken int
 	var errs []error
-	err = s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	err := s.writeUrgent(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		cs, taken, errs = &changeset{}, 0, nil
 		runs, err := s.lockRuns(ctx, tx, runIDs, now)
 		if err != nil {
 			return err
 		}
-		ids := make([]any, len(runIDs))
-		for i, id := range runIDs {
-			ids[i] = id
-		}
-		cond, ids := s.inList("run_id", ids)
-		rows, err := tx.QueryContext(ctx, s.q(`SELECT id, kind, run_id, step, attempt, due_at FROM queue WHERE `+cond+` AND `+timers+` ORDER BY due_at, id`+s.d.SkipLocked), append(ids, ts(now), ts(now))...)
+		cond, ids := s.inStrings("run_id", runIDs)
+		rows, err := tx.QueryContext(ctx, s.q(`SELECT id, kind, run_id, step, attempt, due_at FROM queue WHERE `+cond+` AND `+timersDue+` ORDER BY due_at, id`+s.d.SkipLocked), append(ids, ts(now), ts(now))...)
 		if err != nil {
 			return fmt.Errorf("lock due items: %w", err)
 		}
@@ -432,10 +451,7 @@ func (s *Store) FireDue(ctx context.Context, now time.Time, max int, lease time.
 				return fmt.Errorf("hold failed items: %w", err)
 			}
 		}
-		if err := s.stage(ctx, tx, runs, cs); err != nil {
-			return err
-		}
-		return nil
+		return s.stage(ctx, tx, runs, cs)
 	})
 	if err != nil {
 		return 0, nil, err
@@ -444,11 +460,36 @@ func (s *Store) FireDue(ctx context.Context, now time.Time, max int, lease time.
 	return taken, errs, nil
 }
 
-// NextDue is the earliest moment an item becomes claimable: its due time,
-// or the end of its lease when leased.
-func (s *Store) NextDue(ctx context.Context) (time.Time, bool, error) {
+// NextDue is the earliest moment after `after` at which an item of kinds
+// becomes due: its due time, or the end of its lease while it is leased.
+// Unleased items are found by walking each kind's part of the queue_due
+// index from `after`; leased ones (HTTP attempts in flight, failed timers:
+// few) through the partial queue_leased index. Nothing here reads the
+// whole queue, which holds every sleeping run's wake-up.
+func (s *Store) NextDue(ctx context.Context, after time.Time, kinds ...string) (time.Time, bool, error) {
+	if len(kinds) == 0 {
+		kinds = append([]string{store.KindHTTP}, store.TimerKinds...)
+	}
+	from := int64(math.MinInt64)
+	if !after.IsZero() {
+		from = ts(after)
+	}
+	var parts []string
+	var args []any
+	vals := make([]any, len(kinds))
+	for i, k := range kinds {
+		parts = append(parts, `SELECT (SELECT due_at FROM queue WHERE kind = ? AND lease_until IS NULL AND due_at > ? ORDER BY due_at LIMIT 1) AS t`)
+		args = append(args, k, from)
+		vals[i] = k
+	}
+	// kind || '' keeps SQLite from walking a kind's whole part of
+	// queue_due for the leased items instead of the small queue_leased.
+	cond, vals := s.inList("(kind || '')", vals)
+	const end = `CASE WHEN lease_until > due_at THEN lease_until ELSE due_at END`
+	parts = append(parts, `SELECT MIN(`+end+`) AS t FROM queue WHERE lease_until IS NOT NULL AND `+cond+` AND `+end+` > ?`)
+	args = append(append(args, vals...), from)
 	var v sql.NullInt64
-	err := s.r.QueryRowContext(ctx, `SELECT MIN(CASE WHEN lease_until IS NULL THEN due_at WHEN lease_until > due_at THEN lease_until ELSE due_at END) FROM queue`).Scan(&v)
+	err := s.r.QueryRowContext(ctx, s.q(`SELECT MIN(t) FROM (`+strings.Join(parts, ` UNION ALL `)+`) n`), args...).Scan(&v)
 	if err != nil || !v.Valid {
 		return time.Time{}, false, err
 	}

@@ -76,10 +76,25 @@ func (s *Store) OnCommit(fn func(store.Committed)) { s.hook.Store(&fn) }
 // note collects, inside a write, what its commit will make ready.
 type note struct{ c store.Committed }
 
-func (n *note) queued(due time.Time) {
-	if n.c.QueueDue.IsZero() || due.Before(n.c.QueueDue) {
-		n.c.QueueDue = due
+func (n *note) queued(kind string, due time.Time) {
+	at := &n.c.HTTPDue
+	if store.IsTimer(kind) {
+		at = &n.c.TimerDue
 	}
+	if at.IsZero() || due.Before(*at) {
+		*at = due
+	}
+}
+
+// merge takes in what o's commit would make ready.
+func (n *note) merge(o note) {
+	if !o.c.HTTPDue.IsZero() {
+		n.queued(store.KindHTTP, o.c.HTTPDue)
+	}
+	if !o.c.TimerDue.IsZero() {
+		n.queued(store.KindWake, o.c.TimerDue)
+	}
+	n.c.Tasks = n.c.Tasks || o.c.Tasks
 }
 
 // committed tells the hook about a write that has committed, and keeps
@@ -90,7 +105,7 @@ func (s *Store) committed(cs *changeset) {
 	}
 	s.grew(len(cs.newRuns) + len(cs.newSteps) + len(cs.newTasks) + len(cs.events))
 	n := &cs.note
-	if n.c.QueueDue.IsZero() && !n.c.Tasks {
+	if n.c.HTTPDue.IsZero() && n.c.TimerDue.IsZero() && !n.c.Tasks {
 		return
 	}
 	if fn := s.hook.Load(); fn != nil {

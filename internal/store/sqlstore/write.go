@@ -33,7 +33,17 @@ func (s *Store) write(ctx context.Context, fn func(ctx context.Context, tx *sql.
 		}
 		return tx.Commit()
 	}
-	return s.group.do(ctx, fn)
+	return s.group.do(ctx, fn, false)
+}
+
+// writeUrgent is write for work with a due time (timers): with group commit
+// it goes ahead of every queued request and joins the group being written
+// at its next request, instead of waiting behind whatever is queued.
+func (s *Store) writeUrgent(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	if s.group == nil {
+		return s.write(ctx, fn)
+	}
+	return s.group.do(ctx, fn, true)
 }
 
 // groupCommit is the single writer of a SQLite store.
@@ -46,9 +56,12 @@ func (s *Store) write(ctx context.Context, fn func(ctx context.Context, tx *sql.
 // group's work, no longer holds up the writer, and nothing is acknowledged
 // before it is durable.
 type groupCommit struct {
-	db     *sql.DB
-	cache  *runCache // may be nil
-	reqs   chan *writeReq
+	db    *sql.DB
+	cache *runCache // may be nil
+	reqs  chan *writeReq
+	// urgent requests are taken before reqs, also between the requests of
+	// a group already being written (see writeUrgent).
+	urgent chan *writeReq
 	max    int
 	stop   chan struct{}
 	done   sync.WaitGroup
@@ -72,7 +85,7 @@ type writeReq struct {
 }
 
 func newGroupCommit(db *sql.DB, max int, cache *runCache, sync func() error) *groupCommit {
-	g := &groupCommit{db: db, cache: cache, reqs: make(chan *writeReq, 4*max), max: max, stop: make(chan struct{}), sync: sync}
+	g := &groupCommit{db: db, cache: cache, reqs: make(chan *writeReq, 4*max), urgent: make(chan *writeReq, 4*max), max: max, stop: make(chan struct{}), sync: sync}
 	g.done.Add(1)
 	go g.loop()
 	if sync != nil {
@@ -129,18 +142,22 @@ func (g *groupCommit) failed() error {
 	return nil
 }
 
-func (g *groupCommit) do(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
+func (g *groupCommit) do(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error, urgent bool) error {
 	if err := g.failed(); err != nil {
 		return err
 	}
 	r := &writeReq{ctx: ctx, fn: fn, done: make(chan struct{})}
+	q := g.reqs
+	if urgent {
+		q = g.urgent
+	}
 	g.mu.RLock()
 	if g.closed {
 		g.mu.RUnlock()
 		return errors.New("store closed")
 	}
 	select {
-	case g.reqs <- r:
+	case q <- r:
 	case <-ctx.Done():
 		g.mu.RUnlock()
 		return ctx.Err()
@@ -155,7 +172,7 @@ func (g *groupCommit) do(ctx context.Context, fn func(ctx context.Context, tx *s
 // barrier returns once everything committed before it is durable: its
 // group commits nothing and is answered after the sync that follows.
 func (g *groupCommit) barrier(ctx context.Context) error {
-	return g.do(ctx, func(context.Context, *sql.Tx) error { return nil })
+	return g.do(ctx, func(context.Context, *sql.Tx) error { return nil }, false)
 }
 
 func (g *groupCommit) close() {
@@ -172,39 +189,91 @@ func (g *groupCommit) close() {
 
 func (g *groupCommit) loop() {
 	defer g.done.Done()
-	var batch []*writeReq
+	var carry []*writeReq // cut from a group for urgent requests: next after them
 	for {
-		select {
-		case <-g.stop:
-			// Fail what is still queued.
-			for {
-				select {
-				case r := <-g.reqs:
-					r.err = errors.New("store closed")
-					close(r.done)
-				default:
-					return
-				}
-			}
-		case r := <-g.reqs:
-			// A new slice: a committed group may still wait for its sync.
-			batch = make([]*writeReq, 1, g.max)
-			batch[0] = r
+		// A new slice each time: a committed group may still wait for its
+		// sync. Urgent requests make a group of their own.
+		batch := g.takeUrgent(make([]*writeReq, 0, g.max), g.max)
+		urgent := len(batch) > 0
+		if !urgent && len(carry) > 0 {
+			batch, carry = carry, nil
 		}
-	drain:
-		for len(batch) < g.max {
+		if len(batch) == 0 {
 			select {
+			case <-g.stop:
+				g.closeQueued()
+				return
+			case r := <-g.urgent:
+				batch = g.takeUrgent(append(batch, r), g.max)
+				urgent = true
 			case r := <-g.reqs:
 				batch = append(batch, r)
-			default:
-				break drain
 			}
 		}
-		g.run(batch)
+		if !urgent {
+		drain:
+			for len(batch) < g.max {
+				select {
+				case r := <-g.reqs:
+					batch = append(batch, r)
+				default:
+					break drain
+				}
+			}
+		}
+		if rest := g.run(batch, urgent); len(rest) > 0 {
+			carry = append(rest, carry...)
+		}
+		select {
+		case <-g.stop:
+			for _, r := range carry {
+				r.err = errors.New("store closed")
+				close(r.done)
+			}
+			g.closeQueued()
+			return
+		default:
+		}
 	}
 }
 
-func (g *groupCommit) run(batch []*writeReq) {
+// closeQueued fails what is still queued once the store closes.
+func (g *groupCommit) closeQueued() {
+	for {
+		select {
+		case r := <-g.urgent:
+			r.err = errors.New("store closed")
+			close(r.done)
+		case r := <-g.reqs:
+			r.err = errors.New("store closed")
+			close(r.done)
+		default:
+			return
+		}
+	}
+}
+
+// takeUrgent appends the urgent requests waiting now, while batch holds
+// fewer than n.
+func (g *groupCommit) takeUrgent(batch []*writeReq, n int) []*writeReq {
+	for len(batch) < n {
+		select {
+		case r := <-g.urgent:
+			batch = append(batch, r)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+// run writes batch as one transaction and hands it to the sync. A group
+// of ordinary requests is cut short when urgent ones arrive: it commits
+// what it has written, and the requests not yet started are returned, to
+// be written after the urgent ones. An urgent request then waits for at
+// most one request and one commit, and its answer for its own group's
+// sync, not for a full group behind it.
+func (g *groupCommit) run(batch []*writeReq, urgent bool) (rest []*writeReq) {
 	finish := func(err error) {
 		for _, r := range batch {
 			if err != nil && r.err == nil {
@@ -238,7 +307,12 @@ func (g *groupCommit) run(batch []*writeReq) {
 		finish(err)
 	}
 	ok := 0
-	for _, r := range batch {
+	for i := 0; i < len(batch); i++ {
+		if i > 0 && !urgent && len(g.urgent) > 0 {
+			batch, rest = batch[:i], batch[i:]
+			break
+		}
+		r := batch[i]
 		if err := r.ctx.Err(); err != nil {
 			r.err = err
 			continue
@@ -293,7 +367,8 @@ func (g *groupCommit) run(batch []*writeReq) {
 	}
 	if g.sync != nil {
 		g.synced <- batch // answered once durable
-		return
+		return rest
 	}
 	finish(nil)
+	return rest
 }

@@ -3,6 +3,7 @@ package storetest
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"testing"
@@ -20,7 +21,10 @@ var queueTests = []test{
 	{"ConcurrentClaimsExactlyOnce", testClaimConcurrent},
 	{"DropQueueOnlyThatRun", testDropQueue},
 	{"SweepTerminalRuns", testSweep},
-	{"FireDueTimers", testFireDue},
+	{"FireTimers", testFireTimers},
+	{"DueTimersEarliestAcrossKinds", testDueTimersOrder},
+	{"ConcurrentFireTimersExactlyOnce", testFireTimersConcurrent},
+	{"NextDueByKindAfter", testNextDueKinds},
 	{"ClaimOnlyKinds", testClaimKinds},
 }
 
@@ -42,10 +46,11 @@ func testClaimKinds(t *testing.T, s store.Store) {
 	}
 }
 
-// testFireDue: due timers of several runs are applied in one call; HTTP
-// items and timers not yet due are left; a failing item keeps its row,
-// leased, and its writes are dropped.
-func testFireDue(t *testing.T, s store.Store) {
+// testFireTimers: the due timers of the given runs are applied in one
+// call; HTTP items and timers not yet due are left; a failing item keeps
+// its row, held for the lease, and its writes are dropped; a second call
+// for the same runs finds nothing left to fire.
+func testFireTimers(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	wf := mkWorkflow(t, s, "wf")
 	wake := func(d time.Duration) store.QueueItem {
@@ -55,9 +60,20 @@ func testFireDue(t *testing.T, s store.Store) {
 	r2 := mkSimpleRun(t, s, wf, wake(2*time.Second), store.QueueItem{Kind: store.KindHTTP, Step: "a", DueAt: t0})
 	r3 := mkSimpleRun(t, s, wf, wake(time.Hour))
 	bad := mkSimpleRun(t, s, wf, store.QueueItem{Kind: store.KindRunExpire, DueAt: at(time.Second)})
+	due, err := s.DueTimers(ctx, at(5*time.Second), 10)
+	must(t, err, "DueTimers")
+	var dueRuns []string
+	for _, it := range due {
+		dueRuns = append(dueRuns, it.RunID+":"+it.Kind)
+	}
+	sort.Strings(dueRuns)
+	want := []string{r1.ID + ":wake", r2.ID + ":wake", bad.ID + ":run_expire"}
+	sort.Strings(want)
+	diff(t, "due timers", want, dueRuns)
+
 	boom := errors.New("boom")
 	var fired []string
-	n, errs, err := s.FireDue(ctx, at(5*time.Second), 10, time.Minute, func(it *store.QueueItem, tx store.RunTx) error {
+	fire := func(it *store.QueueItem, tx store.RunTx) error {
 		fired = append(fired, it.RunID+":"+it.Kind)
 		st := tx.Step("b")
 		st.Status = status.StepSuccess
@@ -71,14 +87,14 @@ func testFireDue(t *testing.T, s store.Store) {
 			return boom
 		}
 		return nil
-	})
-	must(t, err, "FireDue")
+	}
+	all := []string{r1.ID, r2.ID, r3.ID, bad.ID}
+	n, errs, err := s.FireTimers(ctx, all, at(5*time.Second), time.Minute, fire)
+	must(t, err, "FireTimers")
 	if n != 3 || len(errs) != 1 || !errors.Is(errs[0], boom) {
-		t.Fatalf("FireDue took %d items with errors %v, want 3 and one boom", n, errs)
+		t.Fatalf("FireTimers took %d items with errors %v, want 3 and one boom", n, errs)
 	}
 	sort.Strings(fired)
-	want := []string{r1.ID + ":wake", r2.ID + ":wake", bad.ID + ":run_expire"}
-	sort.Strings(want)
 	diff(t, "fired", want, fired)
 	for id, wantStatus := range map[string]string{r1.ID: status.StepSuccess, r2.ID: status.StepSuccess, r3.ID: status.StepPending, bad.ID: status.StepPending} {
 		_, steps := getRun(t, s, id)
@@ -89,12 +105,19 @@ func testFireDue(t *testing.T, s store.Store) {
 	if evs := events(t, s, bad.ID); len(evs) != 0 {
 		t.Errorf("the failed item's events were written: %v", eventTypes(evs))
 	}
-	// The failed item was leased for a minute: not due again before then.
-	none := func(*store.QueueItem, store.RunTx) error { return nil }
-	n, _, err = s.FireDue(ctx, at(30*time.Second), 10, time.Minute, none)
-	must(t, err, "FireDue within the lease")
+	// Fired items are gone, and the failed one is held for a minute: not
+	// due again before then.
+	fired = nil
+	n, _, err = s.FireTimers(ctx, all, at(30*time.Second), time.Minute, fire)
+	must(t, err, "FireTimers within the lease")
 	if n != 0 {
-		t.Errorf("FireDue within the failed item's lease took %d items, want 0", n)
+		t.Errorf("FireTimers again within the failed item's lease took %d items (%v), want 0", n, fired)
+	}
+	if due, err := s.DueTimers(ctx, at(30*time.Second), 10); err != nil || len(due) != 0 {
+		t.Errorf("DueTimers within the lease = %d items, err %v; want none", len(due), err)
+	}
+	if due, err := s.DueTimers(ctx, at(5*time.Second+time.Minute), 10); err != nil || len(due) != 1 || due[0].RunID != bad.ID {
+		t.Errorf("DueTimers after the lease = %+v, err %v; want the failed item again", due, err)
 	}
 	// Left: r2's HTTP item, r3's later wake and the failed item.
 	left := claimAll(t, s, far)
@@ -103,6 +126,128 @@ func testFireDue(t *testing.T, s store.Store) {
 		kinds[it.RunID] = it.Kind
 	}
 	diff(t, "items left", map[string]string{r2.ID: store.KindHTTP, r3.ID: store.KindWake, bad.ID: store.KindRunExpire}, kinds)
+}
+
+// testDueTimersOrder: DueTimers returns the earliest due timers over every
+// timer kind, in due order, at most max, and no HTTP attempt.
+func testDueTimersOrder(t *testing.T, s store.Store) {
+	wf := mkWorkflow(t, s, "wf")
+	var runs []*store.Run
+	kinds := []string{store.KindRunExpire, store.KindWake, store.KindHTTP, store.KindWaitTimeout}
+	for i := range 8 {
+		// Due 8s, 7s, … 1s: creation order is the reverse of due order.
+		runs = append(runs, mkSimpleRun(t, s, wf, store.QueueItem{Kind: kinds[i%4], Step: "b", DueAt: at(time.Duration(8-i) * time.Second)}))
+	}
+	got, err := s.DueTimers(t.Context(), at(10*time.Second), 4)
+	must(t, err, "DueTimers")
+	var gotDue []time.Time
+	for _, it := range got {
+		if !store.IsTimer(it.Kind) {
+			t.Errorf("DueTimers returned a %s item", it.Kind)
+		}
+		gotDue = append(gotDue, it.DueAt)
+	}
+	// Runs 7…0 are due 1s…8s with kinds wait_timeout, HTTP, wake,
+	// run_expire, wait_timeout, HTTP, wake, run_expire: the HTTP
+	// attempts due at 2s and 6s are not timers.
+	diff(t, "due times", []time.Time{at(time.Second), at(3 * time.Second), at(4 * time.Second), at(5 * time.Second)}, gotDue)
+	if got[0].RunID != runs[7].ID || got[0].Kind != store.KindWaitTimeout {
+		t.Errorf("earliest = %s of %s, want wait_timeout of %s", got[0].Kind, got[0].RunID, runs[7].ID)
+	}
+	got, err = s.DueTimers(t.Context(), at(4*time.Second), 10)
+	must(t, err, "DueTimers at 4s")
+	if len(got) != 3 {
+		t.Errorf("DueTimers at 4s = %d items, want 3 (due 1s, 3s, 4s)", len(got))
+	}
+}
+
+// testFireTimersConcurrent has 4 timer loops fire the same 60 due runs in
+// overlapping calls: every timer is applied exactly once.
+func testFireTimersConcurrent(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	var ids []string
+	for i := range 60 {
+		r := mkSimpleRun(t, s, wf, store.QueueItem{Kind: store.KindWake, Step: "b", DueAt: at(time.Duration(i) * time.Millisecond)})
+		ids = append(ids, r.ID)
+	}
+	var mu sync.Mutex
+	count := map[string]int{}
+	var wg sync.WaitGroup
+	errc := make(chan error, 4)
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Each loop takes a different, overlapping window of the runs.
+			mine := append(slices.Clone(ids[g*10:]), ids[:g*10]...)[:40]
+			_, errs, err := s.FireTimers(ctx, mine, at(time.Second), time.Minute, func(it *store.QueueItem, tx store.RunTx) error {
+				mu.Lock()
+				count[it.RunID]++
+				mu.Unlock()
+				st := tx.Step("b")
+				st.Status = status.StepSuccess
+				return tx.UpdateStep(st)
+			})
+			if err == nil && len(errs) > 0 {
+				err = errs[0]
+			}
+			errc <- err
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		must(t, err, "FireTimers")
+	}
+	for _, id := range ids {
+		if count[id] != 1 {
+			t.Errorf("run %s: timer applied %d times, want 1", id, count[id])
+		}
+	}
+	if due, err := s.DueTimers(ctx, far, 100); err != nil || len(due) != 0 {
+		t.Errorf("due timers left: %d, err %v", len(due), err)
+	}
+}
+
+// testNextDueKinds: NextDue looks only at the kinds asked for, only after
+// the given instant, and counts a leased item at its lease end.
+func testNextDueKinds(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	mkSimpleRun(t, s, wf,
+		store.QueueItem{Kind: store.KindHTTP, Step: "a", DueAt: at(10 * time.Second)},
+		store.QueueItem{Kind: store.KindWake, Step: "b", DueAt: at(5 * time.Second)},
+	)
+	mkSimpleRun(t, s, wf, store.QueueItem{Kind: store.KindRunExpire, DueAt: at(time.Hour)})
+	check := func(what string, after time.Time, want time.Time, kinds ...string) {
+		t.Helper()
+		got, ok, err := s.NextDue(ctx, after, kinds...)
+		must(t, err, "NextDue")
+		if want.IsZero() {
+			if ok {
+				t.Errorf("NextDue %s = %v; want none", what, got)
+			}
+			return
+		}
+		if !ok || !got.Equal(want) {
+			t.Errorf("NextDue %s = %v, ok=%v; want %v", what, got, ok, want)
+		}
+	}
+	check("of HTTP attempts", time.Time{}, at(10*time.Second), store.KindHTTP)
+	check("of timers", time.Time{}, at(5*time.Second), store.TimerKinds...)
+	check("of timers after the wake-up", at(5*time.Second), at(time.Hour), store.TimerKinds...)
+	check("of HTTP attempts after 10s", at(10*time.Second), time.Time{}, store.KindHTTP)
+	check("of every kind", time.Time{}, at(5*time.Second))
+	// The HTTP attempt leased at 12s for a minute: due again at its lease end.
+	c, err := s.Claim(ctx, at(12*time.Second), time.Minute, 10, store.KindHTTP)
+	must(t, err, "Claim")
+	if len(c) != 1 {
+		t.Fatalf("claimed %d, want 1", len(c))
+	}
+	check("of a leased HTTP attempt", time.Time{}, at(72*time.Second), store.KindHTTP)
+	check("of a leased HTTP attempt after its lease end", at(72*time.Second), time.Time{}, store.KindHTTP)
+	check("of timers, with an HTTP attempt leased", time.Time{}, at(5*time.Second), store.TimerKinds...)
 }
 
 func dueTimes(items []*store.QueueItem) []time.Time {
@@ -242,7 +387,7 @@ func testClaimLease(t *testing.T, s store.Store) {
 	})
 	wantErr(t, err, store.ErrLeaseLost, "Dequeue with an empty token")
 	// The failed dequeue left the item (still leased to the new holder).
-	next, ok, err := s.NextDue(ctx)
+	next, ok, err := s.NextDue(ctx, time.Time{})
 	must(t, err, "NextDue")
 	if !ok || !next.Equal(cur.LeaseUntil) {
 		t.Errorf("NextDue = %v, %v; want the current lease end %v", next, ok, cur.LeaseUntil)
@@ -255,7 +400,7 @@ func testClaimLease(t *testing.T, s store.Store) {
 	if got := claimAll(t, s, far); len(got) != 0 {
 		t.Errorf("item still claimable after Dequeue: %v", keysOf(got))
 	}
-	if _, ok, err := s.NextDue(ctx); err != nil || ok {
+	if _, ok, err := s.NextDue(ctx, time.Time{}); err != nil || ok {
 		t.Errorf("NextDue after Dequeue = ok %v, err %v; want an empty queue", ok, err)
 	}
 	err = s.InRun(ctx, r.ID, expiry, func(tx store.RunTx) error {
@@ -279,7 +424,7 @@ func testEnqueueInRun(t *testing.T, s store.Store) {
 		// RunID is filled in by the transaction.
 		return tx.Enqueue(added...)
 	})
-	next, ok, err := s.NextDue(t.Context())
+	next, ok, err := s.NextDue(t.Context(), time.Time{})
 	must(t, err, "NextDue")
 	if !ok || !next.Equal(at(time.Minute)) {
 		t.Errorf("NextDue = %v, %v; want %v", next, ok, at(time.Minute))
@@ -289,7 +434,7 @@ func testEnqueueInRun(t *testing.T, s store.Store) {
 
 func testNextDue(t *testing.T, s store.Store) {
 	ctx := t.Context()
-	if _, ok, err := s.NextDue(ctx); err != nil || ok {
+	if _, ok, err := s.NextDue(ctx, time.Time{}); err != nil || ok {
 		t.Fatalf("NextDue on an empty queue = ok %v, err %v; want ok=false", ok, err)
 	}
 	wf := mkWorkflow(t, s, "wf")
@@ -299,7 +444,7 @@ func testNextDue(t *testing.T, s store.Store) {
 	)
 	check := func(what string, want time.Time) {
 		t.Helper()
-		got, ok, err := s.NextDue(ctx)
+		got, ok, err := s.NextDue(ctx, time.Time{})
 		must(t, err, "NextDue")
 		if !ok || !got.Equal(want) {
 			t.Errorf("NextDue %s = %v, ok=%v; want %v", what, got, ok, want)

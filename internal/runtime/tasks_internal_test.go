@@ -17,6 +17,14 @@ import (
 
 func newInternal(t *testing.T) (*Runtime, store.Store, *clock.Fake) {
 	t.Helper()
+	s := openSQLite(t)
+	r, clk := newOn(t, s)
+	return r, s, clk
+}
+
+// openSQLite is a migrated store on a fresh file, closed after the test.
+func openSQLite(t *testing.T) store.Store {
+	t.Helper()
 	s, err := sqlite.Open(filepath.Join(t.TempDir(), "r.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -25,10 +33,16 @@ func newInternal(t *testing.T) (*Runtime, store.Store, *clock.Fake) {
 	if err := s.Migrate(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+	return s
+}
+
+// newOn is a runtime on s with a fake clock, closed after the test.
+func newOn(t *testing.T, s store.Store) (*Runtime, *clock.Fake) {
+	t.Helper()
 	clk := clock.NewFake(time.Date(2026, 2, 22, 10, 0, 0, 0, time.UTC))
 	r := New(Config{Store: s, Clock: clk, HTTP: httpstep.New(nil), Logger: slog.New(slog.DiscardHandler), PublicURL: "http://ferry.test"})
 	t.Cleanup(r.Close)
-	return r, s, clk
+	return r, clk
 }
 
 func claimOne(t *testing.T, r *Runtime, lease time.Duration) *store.Task {

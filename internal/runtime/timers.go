@@ -18,8 +18,8 @@ import (
 //
 // The loop reads what is due (no locks), takes the runs not already being
 // fired, and fires them in a transaction of their own while it goes on
-// reading: up to timerLanes transactions at once, each with a share of
-// what is due. Under a burst many small transactions are in flight, so a
+// reading: up to shape.lanes transactions at once, each with a share of
+// what is due. Under a burst several transactions are in flight, so a
 // timer waits for one transaction, not for a batch of a thousand; alone, a
 // timer is fired the moment it is due. A timer's step records the moment
 // its transaction applied it, so lateness is measured where it happens.
@@ -27,9 +27,18 @@ import (
 // With one writer (SQLite) transactions do not run side by side: two lanes
 // (one being written, one waiting for its disk sync) and chunks as large as
 // what is due, since a large transaction costs less per timer there.
+//
+// A fire transaction that fails as a whole (as opposed to one timer in it,
+// which the store holds for a lease on its own) is not retried at once:
+// its runs are held back for timerRetry, doubling at each further failure
+// up to the lease, and fired one run per transaction from then on, so one
+// run that cannot be written does not hold back the others and a failing
+// database is not hammered.
 const (
 	// timerSlack is how late timers may run before new triggers give way.
 	timerSlack = 10 * time.Millisecond
+	// timerRetry is the first hold of a run whose fire transaction failed.
+	timerRetry = 100 * time.Millisecond
 )
 
 // timerShape is how the loop cuts what is due into transactions.
@@ -55,10 +64,17 @@ type timerLoop struct {
 	lanes   chan struct{}
 	mu      sync.Mutex
 	firing  map[string]bool // runs in a fire transaction now
+	failed  map[string]*timerFailure
+}
+
+// timerFailure is a run whose last fire transaction failed as a whole.
+type timerFailure struct {
+	until time.Time     // not fired again before
+	hold  time.Duration // the hold after the next failure, halved
 }
 
 func newTimerLoop(shape timerShape) *timerLoop {
-	t := &timerLoop{shape: shape, wake: make(chan struct{}, 1), lanes: make(chan struct{}, shape.lanes), firing: map[string]bool{}}
+	t := &timerLoop{shape: shape, wake: make(chan struct{}, 1), lanes: make(chan struct{}, shape.lanes), firing: map[string]bool{}, failed: map[string]*timerFailure{}}
 	t.planned.Store(math.MaxInt64)
 	return t
 }
@@ -70,25 +86,51 @@ func (t *timerLoop) nudge() {
 	}
 }
 
-// pick returns the runs of due items that are not being fired, in due
-// order, and the due time of the earliest.
-func (t *timerLoop) pick(items []*store.QueueItem) ([]string, time.Time) {
+// candidate is a run with due timers that may be fired now.
+type candidate struct {
+	run    string
+	due    time.Time // its earliest due timer
+	failed bool      // its last fire transaction failed: it goes alone
+}
+
+// candidates are the runs of due items not being fired nor held back, in
+// due order.
+func (t *timerLoop) candidates(items []*store.QueueItem, now time.Time) []candidate {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var runs []string
-	var oldest time.Time
+	var out []candidate
 	seen := map[string]bool{}
 	for _, it := range items {
-		if t.firing[it.RunID] || seen[it.RunID] {
+		id := it.RunID
+		f := t.failed[id]
+		if t.firing[id] || seen[id] || (f != nil && now.Before(f.until)) {
 			continue
 		}
-		seen[it.RunID] = true
-		if len(runs) == 0 {
-			oldest = it.DueAt
-		}
-		runs = append(runs, it.RunID)
+		seen[id] = true
+		out = append(out, candidate{run: id, due: it.DueAt, failed: f != nil})
 	}
-	return runs, oldest
+	return out
+}
+
+// chunk is the next fire transaction's runs, at most n of cs, and the due
+// time of its earliest timer: a run that failed before goes alone.
+func chunk(cs []candidate, n int) ([]string, time.Time) {
+	if len(cs) == 0 {
+		return nil, time.Time{}
+	}
+	if cs[0].failed {
+		return []string{cs[0].run}, cs[0].due
+	}
+	var runs []string
+	for _, c := range cs {
+		if len(runs) == n {
+			break
+		}
+		if !c.failed {
+			runs = append(runs, c.run)
+		}
+	}
+	return runs, cs[0].due
 }
 
 func (t *timerLoop) mark(runs []string, on bool) {
@@ -101,6 +143,45 @@ func (t *timerLoop) mark(runs []string, on bool) {
 			delete(t.firing, id)
 		}
 	}
+}
+
+// settle records how a fire transaction of runs ended.
+func (t *timerLoop) settle(runs []string, ok bool, now time.Time, maxHold time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, id := range runs {
+		if ok {
+			delete(t.failed, id)
+			continue
+		}
+		f := t.failed[id]
+		if f == nil {
+			f = &timerFailure{hold: timerRetry}
+			t.failed[id] = f
+		}
+		f.until = now.Add(f.hold)
+		f.hold = min(2*f.hold, maxHold)
+	}
+	// A run whose hold ended long ago and that was not seen since is
+	// gone (finished, or fired by another node): forget it.
+	for id, f := range t.failed {
+		if now.Sub(f.until) > maxHold && !t.firing[id] {
+			delete(t.failed, id)
+		}
+	}
+}
+
+// nextRetry is the earliest end of a hold after now.
+func (t *timerLoop) nextRetry(now time.Time) (time.Time, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var next time.Time
+	for _, f := range t.failed {
+		if f.until.After(now) && (next.IsZero() || f.until.Before(next)) {
+			next = f.until
+		}
+	}
+	return next, !next.IsZero()
 }
 
 // runTimers fires due timers until ctx ends, then waits for the fire
@@ -128,20 +209,20 @@ func (r *Runtime) runTimers(ctx context.Context) {
 			r.sleepTimers(ctx, now, false)
 			continue
 		}
-		runs, oldest := t.pick(items)
+		// Share what is due among the free lanes (this one included), so
+		// a burst goes out as several transactions at once.
+		cands := t.candidates(items, now)
+		free := cap(t.lanes) - len(t.lanes) + 1
+		runs, oldest := chunk(cands, min(max((len(cands)+free-1)/free, 1), t.shape.chunk))
 		if len(runs) == 0 {
 			<-t.lanes
-			// Everything read is being fired. With a full read there may
-			// be more due behind it: look again when a transaction ends.
+			// Everything read is being fired or held back. With a full
+			// read there may be more due behind it: look again when a
+			// transaction ends.
 			r.sleepTimers(ctx, now, len(items) == t.shape.read)
 			continue
 		}
-		// Share what is due among the free lanes (this one included), so
-		// a burst goes out as several transactions at once.
-		free := cap(t.lanes) - len(t.lanes) + 1
-		n := min(max((len(runs)+free-1)/free, 1), t.shape.chunk)
-		chunk := runs[:n]
-		t.mark(chunk, true)
+		t.mark(runs, true)
 		late := now.Sub(oldest) > timerSlack
 		if late {
 			// Timers come before new runs (see Runtime.yield).
@@ -150,20 +231,24 @@ func (r *Runtime) runTimers(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.fireTimers(ctx, chunk)
+			ok := r.fireTimers(ctx, runs)
 			if late {
 				r.yield.release()
 			}
-			t.mark(chunk, false)
+			if ctx.Err() == nil {
+				t.settle(runs, ok, r.clk.Now(), r.cfg.Lease)
+			}
+			t.mark(runs, false)
 			<-t.lanes
 			t.nudge() // more may be due behind this chunk
 		}()
 	}
 }
 
-// sleepTimers waits until the next timer is due after `after`, a commit
-// queues an earlier one, a fire transaction ends, or the safety tick. With
-// busy it waits only for a wake-up (a transaction in flight will end).
+// sleepTimers waits until the next timer is due after `after` (or a held
+// run may be retried), a commit queues an earlier one, a fire transaction
+// ends, or the safety tick. With busy it waits only for a wake-up (a
+// transaction in flight will end).
 func (r *Runtime) sleepTimers(ctx context.Context, after time.Time, busy bool) {
 	t := r.timers
 	wait := r.cfg.SafetyTick
@@ -174,13 +259,17 @@ func (r *Runtime) sleepTimers(ctx context.Context, after time.Time, busy bool) {
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("next timer failed", "err", err)
 		}
+		now := r.clk.Now()
 		if ok {
-			wait = min(wait, next.Sub(r.clk.Now()))
+			wait = min(wait, next.Sub(now))
+		}
+		if retry, ok := t.nextRetry(now); ok {
+			wait = min(wait, retry.Sub(now))
 		}
 		if wait <= 0 {
 			return
 		}
-		t.planned.Store(r.clk.Now().Add(wait).UnixNano())
+		t.planned.Store(now.Add(wait).UnixNano())
 	}
 	tm := r.clk.NewTimer(wait)
 	defer tm.Stop()
@@ -191,26 +280,31 @@ func (r *Runtime) sleepTimers(ctx context.Context, after time.Time, busy bool) {
 	}
 }
 
-// fireTimers applies the due timers of runs in one transaction.
-func (r *Runtime) fireTimers(ctx context.Context, runs []string) {
+// fireTimers applies the due timers of runs in one transaction and tells
+// whether it committed.
+func (r *Runtime) fireTimers(ctx context.Context, runs []string) bool {
+	// Once queued, the transaction runs even if ctx ends (shutdown): its
+	// decisions must not fail half-way for that, or the timer would be
+	// held for a lease.
+	wctx := context.WithoutCancel(ctx)
 	var expired []string
 	_, errs, err := r.st.FireTimers(ctx, runs, r.clk.Now(), r.cfg.Lease, func(it *store.QueueItem, tx store.RunTx) error {
 		switch it.Kind {
 		case store.KindWake:
-			return r.timerTx(ctx, tx, it, status.StepSleeping, status.StepSuccess, "step_succeeded", "")
+			return r.timerTx(wctx, tx, it, status.StepSleeping, status.StepSuccess, "step_succeeded", "")
 		case store.KindWaitTimeout:
-			return r.timerTx(ctx, tx, it, status.StepWaiting, status.StepTimeout, "step_timeout", "no callback before the timeout")
+			return r.timerTx(wctx, tx, it, status.StepWaiting, status.StepTimeout, "step_timeout", "no callback before the timeout")
 		case store.KindRunExpire:
 			expired = append(expired, it.RunID)
-			return r.expireTx(ctx, tx)
+			return r.expireTx(wctx, tx)
 		}
 		return fmt.Errorf("unknown queue item kind %q", it.Kind)
 	})
 	if err != nil {
 		if ctx.Err() == nil {
-			r.log.Error("firing due timers failed", "err", err, "runs", len(runs))
+			r.log.Error("firing due timers failed; their runs are retried later, one per transaction", "err", err, "runs", len(runs))
 		}
-		return
+		return false
 	}
 	for _, err := range errs {
 		r.log.Error("timer failed; retried after the lease", "err", err)
@@ -218,4 +312,5 @@ func (r *Runtime) fireTimers(ctx context.Context, runs []string) {
 	for _, id := range expired {
 		r.abortRun(id)
 	}
+	return true
 }

@@ -102,8 +102,9 @@ func TestTimerBurstFiresEachOnce(t *testing.T) {
 }
 
 // TestTimersFireWhileHTTPSlotsBusy: with every processing slot held by an
-// HTTP attempt in flight, a wake-up still fires on time: timers have a loop
-// of their own and need no slot.
+// HTTP attempt in flight, a wake-up still fires: timers need no slot. (A
+// guard: the dispatcher used to fire timers itself and had to keep this
+// true; the timer loop makes it true by construction.)
 func TestTimersFireWhileHTTPSlotsBusy(t *testing.T) {
 	forEachStore(t, func(t *testing.T, e *env) {
 		release := make(chan struct{})

@@ -34,8 +34,7 @@ import (
 // Only the writer goroutine uses a runCache, so it has no lock. Postgres
 // stores have none: other nodes write the same rows.
 type runCache struct {
-	max         int
-	entries     map[string]*cachedRun // committed
+	entries     bounded               // committed
 	staged      map[string]*cachedRun // written by the open group
 	dataVersion int64
 	hits        atomic.Int64
@@ -55,18 +54,77 @@ type cachedRun struct {
 	steps     []store.StepRun
 	seq       int64
 	updatedAt time.Time
+	size      int // bytes it holds, as counted against runCacheBytes
 }
 
-// runCacheMax bounds the runs kept; a run in flight is written every few
-// milliseconds, so a few thousand cover every run a busy server advances.
-const runCacheMax = 4096
+// The run caches are bounded by count and by bytes: a run in flight is
+// written every few milliseconds, so a few thousand cover every run a busy
+// server advances, and the byte budget keeps the cache to tens of
+// megabytes however large the outputs are. (16,384 runs, to keep runs
+// asleep too, made a burst of wake-ups no faster once the writer shared
+// its time fairly, for 20 MB more.)
+const (
+	runCacheMax   = 4096
+	runCacheBytes = 32 << 20
+	// runCacheBodyMax keeps a run whose step bodies are large out of the
+	// cache.
+	runCacheBodyMax = 16 << 10
+	// cachedStepSize and cachedRunSize stand for what an entry holds
+	// besides its bodies (structs, strings, map slot).
+	cachedStepSize = 256
+	cachedRunSize  = 512
+)
 
-// runCacheBodyMax keeps runs whose step bodies are large out of the cache,
-// so it stays a few megabytes however large the outputs are.
-const runCacheBodyMax = 16 << 10
+func newRunCache() *runCache {
+	return &runCache{entries: newBounded(runCacheMax, runCacheBytes), staged: map[string]*cachedRun{}}
+}
 
-func newRunCache(max int) *runCache {
-	return &runCache{max: max, entries: map[string]*cachedRun{}, staged: map[string]*cachedRun{}}
+// bounded is a map of cached runs kept within a count and a byte budget.
+// It counts each entry at the size it had when kept: the SQLite cache
+// lays a request's writes over the entry it took (see stage) while the
+// entry is still in the map.
+type bounded struct {
+	m                 map[string]boundedEntry
+	max, maxBytes, by int
+}
+
+type boundedEntry struct {
+	e    *cachedRun
+	size int
+}
+
+func newBounded(max, maxBytes int) bounded {
+	return bounded{m: map[string]boundedEntry{}, max: max, maxBytes: maxBytes}
+}
+
+func (b *bounded) get(id string) *cachedRun { return b.m[id].e }
+
+// keep sets (or, for nil, forgets) a run's entry, then evicts other
+// entries, arbitrary ones (map order), beyond the bounds: the live runs
+// come back at their next write.
+func (b *bounded) keep(id string, e *cachedRun) {
+	if old, ok := b.m[id]; ok {
+		b.by -= old.size
+		delete(b.m, id)
+	}
+	if e != nil {
+		b.m[id] = boundedEntry{e, e.size}
+		b.by += e.size
+	}
+	for other, old := range b.m {
+		if len(b.m) <= b.max && b.by <= b.maxBytes {
+			break
+		}
+		if other != id {
+			b.by -= old.size
+			delete(b.m, other)
+		}
+	}
+}
+
+func (b *bounded) reset() {
+	clear(b.m)
+	b.by = 0
 }
 
 // begin checks, inside a new group's transaction, that nobody else wrote
@@ -86,31 +144,14 @@ func (c *runCache) begin(ctx context.Context, tx *sql.Tx) error {
 // commit makes what the group staged the committed state.
 func (c *runCache) commit() {
 	for id, e := range c.staged {
-		keep(c.entries, id, e, c.max)
+		c.entries.keep(id, e)
 	}
 	clear(c.staged)
 }
 
-// keep sets (or, for nil, forgets) a run's entry, then evicts arbitrary
-// entries (map order) beyond max: the live runs come back at their next
-// write.
-func keep(m map[string]*cachedRun, id string, e *cachedRun, max int) {
-	if e == nil {
-		delete(m, id)
-	} else {
-		m[id] = e
-	}
-	for id := range m {
-		if len(m) <= max {
-			break
-		}
-		delete(m, id)
-	}
-}
-
 // reset forgets everything: the database may hold something else.
 func (c *runCache) reset() {
-	clear(c.entries)
+	c.entries.reset()
 	clear(c.staged)
 }
 
@@ -152,7 +193,7 @@ func (c *runCache) peek(id string) *cachedRun {
 	if e, ok := c.staged[id]; ok {
 		return e
 	}
-	return c.entries[id]
+	return c.entries.get(id)
 }
 
 // stage records, for the runs of a request, the state its changeset cs
@@ -206,15 +247,16 @@ func (w writes) persisted(e *cachedRun, rt *runTx) bool {
 		e.updatedAt = dbTime(rt.updatedAt)
 		e.run.UpdatedAt, e.seq = e.updatedAt, rt.seq
 	}
-	size := len(e.run.Input) + len(e.run.Error)
+	body := len(e.run.Input) + len(e.run.Error)
 	for i := range e.steps {
 		b := &e.steps[i]
 		if st := w.steps[[2]string{id, b.Name}]; st != nil {
 			overlayStep(b, st)
 		}
-		size += len(b.Body) + len(b.Request) + len(b.Error)
+		body += len(b.Body) + len(b.Request) + len(b.Error)
 	}
-	return size <= runCacheBodyMax
+	e.size = cachedRunSize + len(e.steps)*cachedStepSize + body
+	return body <= runCacheBodyMax
 }
 
 // overlayStep lays the columns flush writes for a step (stepSet) over b,
@@ -272,11 +314,16 @@ func (s *Store) VerifyRunCache(ctx context.Context) error {
 	var diff error
 	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		cached := map[string]*runTx{}
-		for _, m := range []map[string]*cachedRun{s.cache.entries, s.cache.staged} {
-			for id := range m {
-				if e := s.cache.peek(id); e != nil {
-					cached[id] = e.runTx(s, ctx, tx, time.Time{})
-				}
+		var ids []string
+		for id := range s.cache.entries.m {
+			ids = append(ids, id)
+		}
+		for id := range s.cache.staged {
+			ids = append(ids, id)
+		}
+		for _, id := range ids {
+			if e := s.cache.peek(id); e != nil {
+				cached[id] = e.runTx(s, ctx, tx, time.Time{})
 			}
 		}
 		diff = s.checkHits(ctx, tx, cached)

@@ -275,7 +275,14 @@ func (s *Store) Claim(ctx context.Context, now time.Time, lease time.Duration, n
 	until := now.Add(lease)
 	args := []any{tok, ts(until), ts(now), ts(now)}
 	kindFilter := ""
-	if len(kinds) > 0 {
+	switch len(kinds) {
+	case 0:
+	case 1:
+		// One kind: an equality, so Postgres walks queue_due (kind,
+		// due_at, id) in claim order; with = ANY it sorted every due item.
+		kindFilter = ` AND kind = ?`
+		args = append(args, kinds[0])
+	default:
 		vals := make([]any, len(kinds))
 		for i, k := range kinds {
 			vals[i] = k

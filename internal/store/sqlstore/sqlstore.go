@@ -171,7 +171,7 @@ func (s *Store) ReadDB() *sql.DB { return s.r }
 // commit so far durable, and requests are answered only after it (see
 // groupCommit).
 func (s *Store) EnableGroupCommit(max int, sync func() error) {
-	s.cache = newRunCache(runCacheMax)
+	s.cache = newRunCache()
 	s.cache.check = os.Getenv("FERRY_RUNCACHE_CHECK") != ""
 	s.group = newGroupCommit(s.w, max, s.cache, sync)
 }
@@ -208,7 +208,7 @@ func (s *Store) stage(ctx context.Context, tx *sql.Tx, runs map[string]*runTx, c
 // the run's row version is unchanged (Dialect.RowVersion; see
 // versionCache).
 func (s *Store) EnableVersionCache() {
-	s.vcache = newVersionCache(runCacheMax)
+	s.vcache = newVersionCache()
 	s.vcache.check = os.Getenv("FERRY_RUNCACHE_CHECK") != ""
 }
 

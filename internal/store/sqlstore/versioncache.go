@@ -26,20 +26,19 @@ import (
 // reading one.
 type versionCache struct {
 	mu      sync.Mutex
-	max     int
-	entries map[string]*cachedRun
+	entries bounded
 	hits    atomic.Int64
 	check   bool
 }
 
-func newVersionCache(max int) *versionCache {
-	return &versionCache{max: max, entries: map[string]*cachedRun{}}
+func newVersionCache() *versionCache {
+	return &versionCache{entries: newBounded(runCacheMax, runCacheBytes)}
 }
 
 func (c *versionCache) get(id, version string) *cachedRun {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if e := c.entries[id]; e != nil && e.version == version {
+	if e := c.entries.get(id); e != nil && e.version == version {
 		c.hits.Add(1)
 		return e
 	}
@@ -51,7 +50,7 @@ func (c *versionCache) put(ids []string, es []*cachedRun) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i, id := range ids {
-		keep(c.entries, id, es[i], c.max)
+		c.entries.keep(id, es[i])
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // errExisting makes a write's transaction roll back without failing the
@@ -62,6 +63,9 @@ type groupCommit struct {
 	// urgent requests are taken before reqs, also between the requests of
 	// a group already being written (see writeUrgent).
 	urgent chan *writeReq
+	// share is how long an ordinary group that follows an urgent one is
+	// written before urgent requests may cut it (ordinaryShare).
+	share  time.Duration
 	max    int
 	stop   chan struct{}
 	done   sync.WaitGroup
@@ -77,6 +81,10 @@ type groupCommit struct {
 	closed bool
 }
 
+// ordinaryShare is the writer time ordinary requests get between two
+// groups of urgent ones when both wait.
+const ordinaryShare = 5 * time.Millisecond
+
 type writeReq struct {
 	ctx  context.Context
 	fn   func(ctx context.Context, tx *sql.Tx) error
@@ -85,7 +93,7 @@ type writeReq struct {
 }
 
 func newGroupCommit(db *sql.DB, max int, cache *runCache, sync func() error) *groupCommit {
-	g := &groupCommit{db: db, cache: cache, reqs: make(chan *writeReq, 4*max), urgent: make(chan *writeReq, 4*max), max: max, stop: make(chan struct{}), sync: sync}
+	g := &groupCommit{db: db, cache: cache, reqs: make(chan *writeReq, 4*max), urgent: make(chan *writeReq, 4*max), share: ordinaryShare, max: max, stop: make(chan struct{}), sync: sync}
 	g.done.Add(1)
 	go g.loop()
 	if sync != nil {
@@ -190,10 +198,16 @@ func (g *groupCommit) close() {
 func (g *groupCommit) loop() {
 	defer g.done.Done()
 	var carry []*writeReq // cut from a group for urgent requests: next after them
+	lastUrgent := false
 	for {
 		// A new slice each time: a committed group may still wait for its
-		// sync. Urgent requests make a group of their own.
-		batch := g.takeUrgent(make([]*writeReq, 0, g.max), g.max)
+		// sync. Urgent requests make a group of their own, but not twice in
+		// a row while ordinary requests wait: a backlog of timers would
+		// otherwise hold every report, trigger and cancel until it is gone.
+		batch := make([]*writeReq, 0, g.max)
+		if !lastUrgent || (len(carry) == 0 && len(g.reqs) == 0) {
+			batch = g.takeUrgent(batch, g.max)
+		}
 		urgent := len(batch) > 0
 		if !urgent && len(carry) > 0 {
 			batch, carry = carry, nil
@@ -221,9 +235,16 @@ func (g *groupCommit) loop() {
 				}
 			}
 		}
-		if rest := g.run(batch, urgent); len(rest) > 0 {
+		// The ordinary group after an urgent one is cut for urgent
+		// requests only once it had its share of the writer.
+		var cutAfter time.Time
+		if !urgent && lastUrgent {
+			cutAfter = time.Now().Add(g.share)
+		}
+		if rest := g.run(batch, urgent, cutAfter); len(rest) > 0 {
 			carry = append(rest, carry...)
 		}
+		lastUrgent = urgent
 		select {
 		case <-g.stop:
 			for _, r := range carry {
@@ -268,12 +289,13 @@ func (g *groupCommit) takeUrgent(batch []*writeReq, n int) []*writeReq {
 }
 
 // run writes batch as one transaction and hands it to the sync. A group
-// of ordinary requests is cut short when urgent ones arrive: it commits
-// what it has written, and the requests not yet started are returned, to
-// be written after the urgent ones. An urgent request then waits for at
-// most one request and one commit, and its answer for its own group's
-// sync, not for a full group behind it.
-func (g *groupCommit) run(batch []*writeReq, urgent bool) (rest []*writeReq) {
+// of ordinary requests is cut short when urgent ones arrive (from
+// cutAfter on): it commits what it has written, and the requests not yet
+// started are returned, to be written after the urgent ones. An urgent
+// request then waits for at most one request and one commit (or an
+// ordinary group's share), and its answer for its own group's sync, not
+// for a full group behind it.
+func (g *groupCommit) run(batch []*writeReq, urgent bool, cutAfter time.Time) (rest []*writeReq) {
 	finish := func(err error) {
 		for _, r := range batch {
 			if err != nil && r.err == nil {
@@ -308,7 +330,7 @@ func (g *groupCommit) run(batch []*writeReq, urgent bool) (rest []*writeReq) {
 	}
 	ok := 0
 	for i := 0; i < len(batch); i++ {
-		if i > 0 && !urgent && len(g.urgent) > 0 {
+		if i > 0 && !urgent && len(g.urgent) > 0 && (cutAfter.IsZero() || time.Now().After(cutAfter)) {
 			batch, rest = batch[:i], batch[i:]
 			break
 		}

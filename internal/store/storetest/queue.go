@@ -215,7 +215,7 @@ func testFireTimersConcurrent(t *testing.T, s store.Store) {
 func testNextDueKinds(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	wf := mkWorkflow(t, s, "wf")
-	mkSimpleRun(t, s, wf,
+	wake := mkSimpleRun(t, s, wf,
 		store.QueueItem{Kind: store.KindHTTP, Step: "a", DueAt: at(10 * time.Second)},
 		store.QueueItem{Kind: store.KindWake, Step: "b", DueAt: at(5 * time.Second)},
 	)
@@ -247,7 +247,20 @@ func testNextDueKinds(t *testing.T, s store.Store) {
 	}
 	check("of a leased HTTP attempt", time.Time{}, at(72*time.Second), store.KindHTTP)
 	check("of a leased HTTP attempt after its lease end", at(72*time.Second), time.Time{}, store.KindHTTP)
-	check("of timers, with an HTTP attempt leased", time.Time{}, at(5*time.Second), store.TimerKinds...)
+	// After the wake-up, the next timer is the expiry an hour on, not the
+	// leased HTTP attempt's lease end at 72s.
+	check("of timers after 5s, with an HTTP attempt leased", at(5*time.Second), at(time.Hour), store.TimerKinds...)
+	// A timer whose fire failed is held for the lease: it is next due at
+	// the hold's end.
+	_, errs, err := s.FireTimers(ctx, []string{wake.ID}, at(6*time.Second), time.Minute, func(*store.QueueItem, store.RunTx) error {
+		return errors.New("boom")
+	})
+	must(t, err, "FireTimers")
+	if len(errs) != 1 {
+		t.Fatalf("FireTimers errors %v, want the one failed item", errs)
+	}
+	check("of timers with the wake-up held", at(6*time.Second), at(66*time.Second), store.TimerKinds...)
+	check("of HTTP attempts, with a timer held", at(72*time.Second), time.Time{}, store.KindHTTP)
 }
 
 func dueTimes(items []*store.QueueItem) []time.Time {

@@ -75,10 +75,16 @@ const maxTaskRuns = 1 << 16
 // to retry, which it returns.
 func (r *Runtime) applyReports(batch []*reportReq) []*reportReq {
 	ids := make([]string, len(batch))
+	// The runs of the tasks this runtime handed out are known: the store
+	// need not look them up (a round trip per batch).
+	known := make(map[string]string, len(batch))
 	for i, q := range batch {
 		ids[i] = q.id
+		if run, ok := r.taskRuns.Load(q.id); ok {
+			known[q.id] = run.(string)
+		}
 	}
-	errs, err := r.st.InTasks(context.Background(), ids, r.clk.Now(), func(i int, tx store.TaskTx) error {
+	errs, err := r.st.InTasks(context.Background(), ids, known, r.clk.Now(), func(i int, tx store.TaskTx) error {
 		q := batch[i]
 		t := tx.Task()
 		if t.LeaseToken == "" || t.LeaseToken != q.token {

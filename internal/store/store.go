@@ -197,8 +197,10 @@ type Store interface {
 	// Dialect is "sqlite" or "postgres".
 	Dialect() string
 	// InTasks runs fn for many tasks in one transaction; see
-	// sqlstore.Store.InTasks for the locking order and ErrRetry.
-	InTasks(ctx context.Context, ids []string, now time.Time, fn func(i int, tx TaskTx) error) (errs []error, err error)
+	// sqlstore.Store.InTasks for the locking order and ErrRetry. runs, when
+	// not nil, gives the run of some of the tasks (task id -> run id, as
+	// the store returned it with the task); the others are looked up.
+	InTasks(ctx context.Context, ids []string, runs map[string]string, now time.Time, fn func(i int, tx TaskTx) error) (errs []error, err error)
 	// OnCommit registers the function told about each committed write that
 	// queued items or made tasks claimable (set once, before use).
 	OnCommit(fn func(Committed))

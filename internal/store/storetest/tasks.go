@@ -33,6 +33,7 @@ var taskTests = []test{
 	{"InTaskOfRun", testInTaskOfRun},
 	{"InTaskErrorRollsBack", testInTaskRollback},
 	{"InTasksBatch", testInTasksBatch},
+	{"InTasksKnownRuns", testInTasksKnownRuns},
 	{"UpdateTaskRoundTrip", testUpdateTaskRoundTrip},
 	{"AppendTaskContinuesSeq", testAppendTaskSeq},
 	{"CancelTasksOnlyThatRun", testCancelTasks},
@@ -814,7 +815,7 @@ func testInTasksBatch(t *testing.T, s store.Store) {
 	now := at(time.Second)
 	ids := []string{bystep["a"].ID, solo.ID, bystep["b"].ID, bystep["c"].ID, solo.ID, "no-such-task"}
 	var seen []string
-	errs, err := s.InTasks(t.Context(), ids, now, func(i int, tx store.TaskTx) error {
+	errs, err := s.InTasks(t.Context(), ids, nil, now, func(i int, tx store.TaskTx) error {
 		k := *tx.Task()
 		if k.RunID == "" { // the standalone task
 			k.LastError = "batched"
@@ -1088,4 +1089,53 @@ func testTaskTypes(t *testing.T, s store.Store) {
 	list, err := s.ListTaskTypes(ctx)
 	must(t, err, "ListTaskTypes")
 	diff(t, "ListTaskTypes (by type)", []*store.TaskType{second, upd}, list)
+}
+
+// testInTasksKnownRuns: InTasks takes the runs of tasks the caller knows
+// (it need not look them up) and checks them: a task given with a wrong
+// run is refused and changes nothing, the others of the call apply.
+func testInTasksKnownRuns(t *testing.T, s store.Store) {
+	wf := mkWorkflow(t, s, "wf")
+	run := func() *store.Run {
+		return mkRun(t, s, &store.NewRun{
+			Run:   baseRun(wf, ""),
+			Steps: []*store.StepRun{{Name: "a", Position: 0, Type: "task", Status: status.StepRunning}},
+			Tasks: []*store.Task{{Type: "known.x.v1", Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: t0, Step: "a"}},
+		})
+	}
+	r1, r2 := run(), run()
+	byRun := map[string]*store.Task{}
+	for _, k := range claimTasks(t, s, []string{"known.x.v1"}, "w", t0, time.Minute, 10) {
+		byRun[k.RunID] = k
+	}
+	k1, k2 := byRun[r1.ID], byRun[r2.ID]
+	if k1 == nil || k2 == nil {
+		t.Fatalf("claimed %d tasks, want one per run", len(byRun))
+	}
+	// k1 given with its run, k2 with r1's: k2 is refused.
+	known := map[string]string{k1.ID: r1.ID, k2.ID: r1.ID}
+	var applied []string
+	errs, err := s.InTasks(t.Context(), []string{k1.ID, k2.ID}, known, at(time.Second), func(i int, tx store.TaskTx) error {
+		k := *tx.Task()
+		applied = append(applied, k.RunID)
+		if tx.Run() == nil || tx.Run().Run().ID != k.RunID {
+			return fmt.Errorf("task of run %s applied under another run's lock", k.RunID)
+		}
+		k.Status = status.TaskSucceeded
+		return tx.UpdateTask(&k)
+	})
+	must(t, err, "InTasks")
+	if errs[0] != nil {
+		t.Errorf("task given with its own run: %v", errs[0])
+	}
+	if errs[1] == nil {
+		t.Error("task given with another task's run was applied")
+	}
+	diff(t, "tasks applied", []string{r1.ID}, applied)
+	if got := getTask(t, s, k1.ID); got.Status != status.TaskSucceeded {
+		t.Errorf("first task %s, want succeeded", got.Status)
+	}
+	if got := getTask(t, s, k2.ID); got.Status != status.TaskLeased {
+		t.Errorf("refused task %s, want still leased", got.Status)
+	}
 }

@@ -90,6 +90,7 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 		// as the largest table it was most of each refresh's work.
 		Analyze:    "ANALYZE runs, step_runs, tasks, queue",
 		RowVersion: "r.xmin::text",
+		Pipeline:   pipeline,
 	}, db, rdb)
 	s.EnableVersionCache()
 	st := &Store{Store: s, dsn: dsn, node: rand.Text(), pub: make(chan struct{}, 1), stop: make(chan struct{})}

@@ -486,3 +486,89 @@ func TestCreateRunsWaitsForWorkflowUpdate(t *testing.T) {
 		t.Fatalf("CreateRuns after the disable committed: %+v, want ErrWorkflowChanged", r.res[0])
 	}
 }
+
+// TestPipelineFailureLeavesNoTransaction: a report batch goes as two
+// pipelined round trips (begin and locks; write and commit). When its
+// write fails, nothing of it is written and the connection goes back to
+// the pool with no transaction open: with a single writer connection, the
+// next batch (on that same connection) commits.
+func TestPipelineFailureLeavesNoTransaction(t *testing.T) {
+	// ferry_max_conns=2: one reader, one writer connection.
+	s := openDSN(t, withParam(t, pgtest.DSN(t), "ferry_max_conns", "2"))
+	ctx := t.Context()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wf, err := s.CreateWorkflow(ctx, &store.Workflow{Name: "pipe", Fingerprint: "f", Definition: json.RawMessage(`{}`), Enabled: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	run, _, err := s.CreateRun(ctx, &store.NewRun{
+		Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: now.Add(time.Hour), StartedAt: now},
+		Steps: []*store.StepRun{{Name: "a", Type: "task", Status: status.StepRunning}},
+		Tasks: []*store.Task{{Type: "pipe.x.v1", Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: now, Step: "a"}},
+	}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.ClaimTasks(ctx, store.ClaimTasks{Patterns: []string{"pipe.x.v1"}, WorkerID: "w", Lease: time.Minute, Max: 1, Now: now})
+	if err != nil || len(got) != 1 {
+		t.Fatalf("claim: %v (%d tasks)", err, len(got))
+	}
+	k := got[0]
+	known := map[string]string{k.ID: run.ID}
+	// The write fails: a new task with the id of an existing one.
+	_, err = s.InTasks(ctx, []string{k.ID}, known, now, func(_ int, tx store.TaskTx) error {
+		st := tx.Run().Step("a")
+		st.Status = status.StepSuccess
+		if err := tx.Run().UpdateStep(st); err != nil {
+			return err
+		}
+		return tx.Run().CreateTask(&store.Task{ID: k.ID, Type: "pipe.x.v1", Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: now, Step: "a"})
+	})
+	if err == nil {
+		t.Fatal("a batch whose write violates a primary key committed")
+	}
+	_, steps, err := s.GetRun(ctx, run.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if steps[0].Status != status.StepRunning {
+		t.Fatalf("the failed batch wrote its step: %s", steps[0].Status)
+	}
+	// The next batch, on the same (only) writer connection, commits.
+	errs, err := s.InTasks(ctx, []string{k.ID}, known, now, func(_ int, tx store.TaskTx) error {
+		t2 := *tx.Task()
+		t2.Status = status.TaskSucceeded
+		return tx.UpdateTask(&t2)
+	})
+	if err != nil || errs[0] != nil {
+		t.Fatalf("batch after a failed one: %v, %v", err, errs)
+	}
+	if k2, err := s.GetTask(ctx, k.ID); err != nil || k2.Status != status.TaskSucceeded {
+		t.Fatalf("task after the second batch: %+v, %v; want succeeded", k2, err)
+	}
+	var open int
+	if err := s.DB().QueryRowContext(ctx, `SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()`).Scan(&open); err != nil {
+		t.Fatal(err)
+	}
+	if open != 0 {
+		t.Errorf("%d connections idle in a transaction after the batches", open)
+	}
+}
+
+// TestMigrateWithOneWriterConnection: ferry_max_conns=2 leaves one writer
+// connection; migrating holds it for the advisory lock and must run the
+// migrations on it rather than wait for another (it used to hang).
+func TestMigrateWithOneWriterConnection(t *testing.T) {
+	s := openDSN(t, withParam(t, pgtest.DSN(t), "ferry_max_conns", "2"))
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate with one writer connection: %v", err)
+	}
+	if v, err := s.SchemaVersion(ctx); err != nil || v == 0 {
+		t.Fatalf("schema version after Migrate = %d, %v", v, err)
+	}
+}

@@ -2,7 +2,6 @@ package sqlstore
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -347,7 +346,7 @@ func (s *Store) updateArrays(table string, keys, set, types []string) string {
 // there. Its clauses see the same snapshot, so callers combine only writes
 // of different rows. The statement also returns the transaction's id, the
 // xmin of every row it wrote (the version cache's versions), kept in c.xid.
-func (s *Store) exec(ctx context.Context, tx *sql.Tx, c *changeset, parts []part) error {
+func (s *Store) exec(ctx context.Context, tx querier, c *changeset, parts []part) error {
 	if !s.postgres() {
 		for _, p := range parts {
 			if _, err := tx.ExecContext(ctx, s.stmt(p.key, p.text), p.args...); err != nil {
@@ -377,7 +376,17 @@ func (s *Store) exec(ctx context.Context, tx *sql.Tx, c *changeset, parts []part
 const maxStmtParams = 8192
 
 // execWith sends parts as one statement of data-modifying WITH clauses.
-func (s *Store) execWith(ctx context.Context, tx *sql.Tx, c *changeset, parts []part) error {
+func (s *Store) execWith(ctx context.Context, tx querier, c *changeset, parts []part) error {
+	q, args := s.withStmt(parts)
+	if err := tx.QueryRowContext(ctx, q, args...).Scan(&c.xid); err != nil {
+		return fmt.Errorf("write %d tables: %w", len(parts), err)
+	}
+	return nil
+}
+
+// withStmt is parts as one statement of data-modifying WITH clauses that
+// returns the transaction's id (Postgres).
+func (s *Store) withStmt(parts []part) (string, []any) {
 	var key strings.Builder
 	var args []any
 	for _, p := range parts {
@@ -397,10 +406,7 @@ func (s *Store) execWith(ctx context.Context, tx *sql.Tx, c *changeset, parts []
 		sb.WriteString(" SELECT pg_current_xact_id()::xid::text")
 		return sb.String()
 	})
-	if err := tx.QueryRowContext(ctx, q, args...).Scan(&c.xid); err != nil {
-		return fmt.Errorf("write %d tables: %w", len(parts), err)
-	}
-	return nil
+	return q, args
 }
 
 // stmtKey names a generated statement: its kind, table and row count
@@ -482,7 +488,23 @@ var (
 // not written at all (they would be dropped with it), so the drop sees
 // only older rows, and every write before the cancellations can go as one
 // statement (see exec).
-func (s *Store) flush(ctx context.Context, tx *sql.Tx, c *changeset) error {
+func (s *Store) flush(ctx context.Context, tx querier, c *changeset) error {
+	parts, events := s.flushParts(c)
+	if len(c.cancel) == 0 {
+		return s.exec(ctx, tx, c, append(parts, events()...))
+	}
+	if err := s.exec(ctx, tx, c, parts); err != nil {
+		return err
+	}
+	if err := s.cancelTasks(ctx, tx, c); err != nil {
+		return err
+	}
+	return s.exec(ctx, tx, c, events())
+}
+
+// flushParts is what flush writes: the parts before the cancellations,
+// and the events (built after them, since they add events).
+func (s *Store) flushParts(c *changeset) ([]part, func() []part) {
 	var parts []part
 	if len(c.newRuns) > 0 {
 		parts = append(parts, s.insertParts("runs", "id, workflow_id, version, status, input, trigger_headers, idempotency_key, error, event_seq, expires_at, started_at, finished_at, updated_at", runInsertTypes, c.newRuns)...)
@@ -555,21 +577,12 @@ func (s *Store) flush(ctx context.Context, tx *sql.Tx, c *changeset) error {
 		}
 		return s.insertParts("events", "run_id, seq, type, step, data, at", eventTypes, rows)
 	}
-	if len(c.cancel) == 0 {
-		return s.exec(ctx, tx, c, append(parts, events()...))
-	}
-	if err := s.exec(ctx, tx, c, parts); err != nil {
-		return err
-	}
-	if err := s.cancelTasks(ctx, tx, c); err != nil {
-		return err
-	}
-	return s.exec(ctx, tx, c, events())
+	return parts, events
 }
 
 // cancelTasks cancels the unfinished tasks of the finished runs in c and
 // adds their events.
-func (s *Store) cancelTasks(ctx context.Context, tx *sql.Tx, c *changeset) error {
+func (s *Store) cancelTasks(ctx context.Context, tx querier, c *changeset) error {
 	var ids []any
 	for _, r := range c.cancel {
 		ids = append(ids, r.run.ID)

@@ -54,10 +54,13 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	var db migrator = s.w
 	if s.d.MigrationLock != "" {
 		// Several servers may start at once on one Postgres. Lock before
 		// creating the bookkeeping table: concurrent CREATE TABLE IF NOT
-		// EXISTS races on Postgres (unique violation in pg_type).
+		// EXISTS races on Postgres (unique violation in pg_type). The
+		// migrations run on the locked connection: the pool may have no
+		// other (ferry_max_conns=2 leaves one writer connection).
 		conn, err := s.w.Conn(ctx)
 		if err != nil {
 			return err
@@ -67,20 +70,27 @@ func (s *Store) Migrate(ctx context.Context) error {
 			return fmt.Errorf("migration lock: %w", err)
 		}
 		defer conn.ExecContext(context.WithoutCancel(ctx), s.d.MigrationUnlock) //nolint:errcheck
+		db = conn
 	}
-	if _, err := s.w.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS ferry_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL)`); err != nil {
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS ferry_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL)`); err != nil {
 		return fmt.Errorf("create migrations table: %w", err)
 	}
 	for _, m := range ms {
-		if err := s.apply(ctx, m); err != nil {
+		if err := s.apply(ctx, db, m); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (s *Store) apply(ctx context.Context, m migration) error {
-	tx, err := s.w.BeginTx(ctx, nil)
+// migrator is a pool or one connection of it.
+type migrator interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+}
+
+func (s *Store) apply(ctx context.Context, db migrator, m migration) error {
+	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}

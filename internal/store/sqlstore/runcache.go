@@ -158,7 +158,7 @@ func (c *runCache) reset() {
 // take is the run's latest state in this group, if known, as a runTx of
 // private copies; the entry itself becomes the runTx's base (see stage),
 // and it leaves the cache until the request that took it stages.
-func (c *runCache) take(s *Store, ctx context.Context, tx *sql.Tx, id string, now time.Time) *runTx {
+func (c *runCache) take(s *Store, ctx context.Context, tx querier, id string, now time.Time) *runTx {
 	e := c.peek(id)
 	if e == nil {
 		return nil
@@ -169,7 +169,7 @@ func (c *runCache) take(s *Store, ctx context.Context, tx *sql.Tx, id string, no
 }
 
 // runTx hands out copies of e, with e as their base.
-func (e *cachedRun) runTx(s *Store, ctx context.Context, tx *sql.Tx, now time.Time) *runTx {
+func (e *cachedRun) runTx(s *Store, ctx context.Context, tx querier, now time.Time) *runTx {
 	run := e.run
 	rt := &runTx{s: s, ctx: ctx, tx: tx, run: &run, now: now, seq: e.seq, updatedAt: e.updatedAt, steps: make([]*store.StepRun, len(e.steps)), base: e}
 	for i := range e.steps {
@@ -336,7 +336,7 @@ func (s *Store) VerifyRunCache(ctx context.Context) error {
 }
 
 // checkHits compares runs taken from the cache with the tables.
-func (s *Store) checkHits(ctx context.Context, tx *sql.Tx, hits map[string]*runTx) error {
+func (s *Store) checkHits(ctx context.Context, tx querier, hits map[string]*runTx) error {
 	for id, got := range hits {
 		want := map[string]*runTx{}
 		if err := s.readRuns(ctx, tx, []string{id}, got.now, want); err != nil {

@@ -223,7 +223,7 @@ func (s *Store) createRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 // version. Callers may so build runs from a cached workflow and still
 // never start a run of a workflow disabled before the run committed: the
 // rows are read under a shared lock, which an update waits for.
-func (s *Store) staleWorkflows(ctx context.Context, tx *sql.Tx, nrs []*store.NewRun, todo []int) (map[int]bool, error) {
+func (s *Store) staleWorkflows(ctx context.Context, tx querier, nrs []*store.NewRun, todo []int) (map[int]bool, error) {
 	var ids []string
 	for _, i := range todo {
 		if w := nrs[i].Workflow; w != nil && !slices.Contains(ids, w.ID) {
@@ -349,11 +349,6 @@ func (s *Store) GetRun(ctx context.Context, id string) (*store.Run, []*store.Ste
 	}
 	steps, err := s.loadSteps(ctx, s.r, id)
 	return run, steps, err
-}
-
-type querier interface {
-	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
-	QueryRowContext(context.Context, string, ...any) *sql.Row
 }
 
 func (s *Store) loadSteps(ctx context.Context, q querier, runID string) ([]*store.StepRun, error) {

@@ -49,7 +49,7 @@ func (s *Store) InRun(ctx context.Context, runID string, now time.Time, fn func(
 
 // lockRuns locks runs in id order and reads them with their steps; a run
 // that does not exist is left out.
-func (s *Store) lockRuns(ctx context.Context, tx *sql.Tx, ids []string, now time.Time) (map[string]*runTx, error) {
+func (s *Store) lockRuns(ctx context.Context, tx querier, ids []string, now time.Time) (map[string]*runTx, error) {
 	if s.vcache != nil {
 		return s.lockVersioned(ctx, tx, ids, now)
 	}
@@ -83,7 +83,7 @@ func (s *Store) lockRuns(ctx context.Context, tx *sql.Tx, ids []string, now time
 }
 
 // readRuns reads (and on Postgres locks) runs with their steps into out.
-func (s *Store) readRuns(ctx context.Context, tx *sql.Tx, ids []string, now time.Time, out map[string]*runTx) error {
+func (s *Store) readRuns(ctx context.Context, tx querier, ids []string, now time.Time, out map[string]*runTx) error {
 	if err := s.readRunRows(ctx, tx, ids, now, out); err != nil {
 		return err
 	}
@@ -91,20 +91,32 @@ func (s *Store) readRuns(ctx context.Context, tx *sql.Tx, ids []string, now time
 }
 
 // readRunRows reads (and on Postgres locks) runs into out, in id order.
-func (s *Store) readRunRows(ctx context.Context, tx *sql.Tx, ids []string, now time.Time, out map[string]*runTx) error {
+func (s *Store) readRunRows(ctx context.Context, tx querier, ids []string, now time.Time, out map[string]*runTx) error {
 	if len(ids) == 0 {
 		return nil
 	}
+	q, args := s.runRowsQuery(ids)
+	rows, err := tx.QueryContext(ctx, q, args...)
+	if err != nil {
+		return fmt.Errorf("lock runs: %w", err)
+	}
+	defer rows.Close()
+	return s.scanRunRows(ctx, tx, rows, now, out)
+}
+
+// runRowsQuery reads (and on Postgres locks) runs, in id order, with
+// their event sequence and row version.
+func (s *Store) runRowsQuery(ids []string) (string, []any) {
 	cond, args := s.inStrings("r.id", ids)
 	version := s.d.RowVersion
 	if version == "" {
 		version = "''"
 	}
-	rows, err := tx.QueryContext(ctx, s.q(`SELECT `+runCols+`, r.event_seq, `+version+` FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE `+cond+` ORDER BY r.id`+lockOf(s.d.LockRun)), args...)
-	if err != nil {
-		return fmt.Errorf("lock runs: %w", err)
-	}
-	defer rows.Close()
+	return s.q(`SELECT ` + runCols + `, r.event_seq, ` + version + ` FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE ` + cond + ` ORDER BY r.id` + lockOf(s.d.LockRun)), args
+}
+
+// scanRunRows reads runRowsQuery's rows into out, as runs of transaction tx.
+func (s *Store) scanRunRows(ctx context.Context, tx querier, rows PipeRows, now time.Time, out map[string]*runTx) error {
 	for rows.Next() {
 		var seq int64
 		var ver string
@@ -118,7 +130,7 @@ func (s *Store) readRunRows(ctx context.Context, tx *sql.Tx, ids []string, now t
 }
 
 // readSteps reads the steps of runs in out, in position order.
-func (s *Store) readSteps(ctx context.Context, tx *sql.Tx, ids []string, out map[string]*runTx) error {
+func (s *Store) readSteps(ctx context.Context, tx querier, ids []string, out map[string]*runTx) error {
 	if len(ids) == 0 {
 		return nil
 	}
@@ -154,7 +166,7 @@ func lockOf(l string) string {
 type runTx struct {
 	s         *Store
 	ctx       context.Context
-	tx        *sql.Tx
+	tx        querier
 	cs        *changeset
 	run       *store.Run
 	steps     []*store.StepRun
@@ -362,17 +374,7 @@ func (s *Store) DueTimers(ctx context.Context, now time.Time, max int) ([]*store
 		return nil, fmt.Errorf("due timers: %w", err)
 	}
 	defer rows.Close()
-	var out []*store.QueueItem
-	for rows.Next() {
-		var it store.QueueItem
-		var due int64
-		if err := rows.Scan(&it.ID, &it.Kind, &it.RunID, &it.Step, &it.Attempt, &due); err != nil {
-			return nil, err
-		}
-		it.DueAt = fromTS(due)
-		out = append(out, &it)
-	}
-	return out, rows.Err()
+	return scanQueueItems(rows)
 }
 
 // FireTimers applies the due timer items (wake, wait_timeout, run_expire)
@@ -395,36 +397,15 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, now time.Time, 
 	runIDs = slices.Clone(runIDs)
 	sort.Strings(runIDs)
 	runIDs = slices.Compact(runIDs)
-	var cs *changeset
+	cond, ids := s.inStrings("run_id", runIDs)
+	itemsQuery := s.q(`SELECT id, kind, run_id, step, attempt, due_at FROM queue WHERE ` + cond + ` AND ` + timersDue + ` ORDER BY due_at, id` + s.d.SkipLocked)
+	itemsArgs := append(ids, ts(now), ts(now))
 	var taken int
 	var errs []error
-	err := s.writeUrgent(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		cs, taken, errs = &changeset{}, 0, nil
-		runs, err := s.lockRuns(ctx, tx, runIDs, now)
-		if err != nil {
-			return err
-		}
-		cond, ids := s.inStrings("run_id", runIDs)
-		rows, err := tx.QueryContext(ctx, s.q(`SELECT id, kind, run_id, step, attempt, due_at FROM queue WHERE `+cond+` AND `+timersDue+` ORDER BY due_at, id`+s.d.SkipLocked), append(ids, ts(now), ts(now))...)
-		if err != nil {
-			return fmt.Errorf("lock due items: %w", err)
-		}
-		var items []*store.QueueItem
-		for rows.Next() {
-			var it store.QueueItem
-			var due int64
-			if err := rows.Scan(&it.ID, &it.Kind, &it.RunID, &it.Step, &it.Attempt, &due); err != nil {
-				rows.Close()
-				return err
-			}
-			it.DueAt = fromTS(due)
-			items = append(items, &it)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		var done, failed []any
+	// fire applies the items under their runs' locks and says which to
+	// delete and which to hold for the lease.
+	fire := func(cs *changeset, runs map[string]*runTx, items []*store.QueueItem) (done, failed []any) {
+		taken, errs = len(items), nil
 		perRun := map[string]int{}
 		for _, it := range items {
 			perRun[it.RunID]++
@@ -442,29 +423,80 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, now time.Time, 
 			}
 			done = append(done, it.ID)
 		}
-		taken = len(items)
-		if err := s.flush(ctx, tx, cs); err != nil {
-			return err
-		}
+		return done, failed
+	}
+	// settle deletes the fired items and holds the failed ones.
+	settle := func(done, failed []any) []PipeQuery {
+		var qs []PipeQuery
 		if len(done) > 0 {
 			cond, done := s.inInts("id", done)
-			if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM queue WHERE `+cond), done...); err != nil {
-				return fmt.Errorf("delete fired items: %w", err)
-			}
+			qs = append(qs, PipeQuery{SQL: s.q(`DELETE FROM queue WHERE ` + cond), Args: done})
 		}
 		if len(failed) > 0 {
 			cond, failed := s.inInts("id", failed)
-			if _, err := tx.ExecContext(ctx, s.q(`UPDATE queue SET lease_token = ?, lease_until = ? WHERE `+cond), append([]any{token(), ts(now.Add(lease))}, failed...)...); err != nil {
-				return fmt.Errorf("hold failed items: %w", err)
-			}
+			qs = append(qs, PipeQuery{SQL: s.q(`UPDATE queue SET lease_token = ?, lease_until = ? WHERE ` + cond), Args: append([]any{token(), ts(now.Add(lease))}, failed...)})
 		}
-		return s.stage(ctx, tx, runs, cs)
-	})
+		return qs
+	}
+	var cs *changeset
+	var err error
+	if s.d.Pipeline != nil {
+		// Postgres: two round trips (see pipeline.go).
+		var items []*store.QueueItem
+		cs, err = s.pipelined(ctx, runIDs, now, PipeQuery{SQL: itemsQuery, Args: itemsArgs, Rows: func(r PipeRows) (err error) {
+			items, err = scanQueueItems(r)
+			return err
+		}}, func(cs *changeset, runs map[string]*runTx) []PipeQuery {
+			return settle(fire(cs, runs, items))
+		})
+	} else {
+		err = s.writeUrgent(ctx, func(ctx context.Context, tx *sql.Tx) error {
+			cs = &changeset{}
+			runs, err := s.lockRuns(ctx, tx, runIDs, now)
+			if err != nil {
+				return err
+			}
+			rows, err := tx.QueryContext(ctx, itemsQuery, itemsArgs...)
+			if err != nil {
+				return fmt.Errorf("lock due items: %w", err)
+			}
+			items, err := scanQueueItems(rows)
+			rows.Close()
+			if err != nil {
+				return err
+			}
+			after := settle(fire(cs, runs, items))
+			if err := s.flush(ctx, tx, cs); err != nil {
+				return err
+			}
+			for _, q := range after {
+				if _, err := tx.ExecContext(ctx, q.SQL, q.Args...); err != nil {
+					return fmt.Errorf("settle fired items: %w", err)
+				}
+			}
+			return s.stage(ctx, tx, runs, cs)
+		})
+	}
 	if err != nil {
 		return 0, nil, err
 	}
 	s.committed(cs)
 	return taken, errs, nil
+}
+
+// scanQueueItems reads rows of id, kind, run_id, step, attempt, due_at.
+func scanQueueItems(rows PipeRows) ([]*store.QueueItem, error) {
+	var items []*store.QueueItem
+	for rows.Next() {
+		var it store.QueueItem
+		var due int64
+		if err := rows.Scan(&it.ID, &it.Kind, &it.RunID, &it.Step, &it.Attempt, &due); err != nil {
+			return nil, err
+		}
+		it.DueAt = fromTS(due)
+		items = append(items, &it)
+	}
+	return items, rows.Err()
 }
 
 // NextDue is the earliest moment after `after` at which an item of kinds

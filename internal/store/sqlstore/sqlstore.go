@@ -43,6 +43,9 @@ type Dialect struct {
 	// Analyze, when set, refreshes the planner's statistics of the hot
 	// tables (see Store.grew).
 	Analyze string
+	// Pipeline, when set, sends statements on conn in one round trip and
+	// reads their results in order (see pipeline.go).
+	Pipeline func(ctx context.Context, conn *sql.Conn, qs []PipeQuery) error
 }
 
 // Store implements store.Store over database/sql.
@@ -194,7 +197,7 @@ func (s *Store) durable(ctx context.Context) error {
 
 // stage keeps the runs a write request wrote for the requests after it
 // (SQLite); it is the request's last step.
-func (s *Store) stage(ctx context.Context, tx *sql.Tx, runs map[string]*runTx, cs *changeset) error {
+func (s *Store) stage(ctx context.Context, tx querier, runs map[string]*runTx, cs *changeset) error {
 	switch {
 	case s.cache != nil:
 		s.cache.stage(runs, cs)

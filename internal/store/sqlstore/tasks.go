@@ -287,7 +287,7 @@ func (c claimCand) less(o claimCand) bool {
 
 // scanTail scans a task followed by extra columns.
 type scanTail struct {
-	rows  *sql.Rows
+	rows  interface{ Scan(...any) error }
 	extra []any
 }
 
@@ -375,21 +375,11 @@ func (s *Store) InTasks(ctx context.Context, ids []string, known map[string]stri
 	if len(todo) == 0 {
 		return errs, nil
 	}
-	var cs *changeset
-	err = s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		cs = &changeset{}
-		runs, err := s.lockRuns(ctx, tx, runIDs, now)
-		if err != nil {
-			return err
-		}
-		taskIDs := make([]string, len(todo))
-		for j, i := range todo {
-			taskIDs[j] = ids[i]
-		}
-		tasks, err := s.lockTasks(ctx, tx, taskIDs)
-		if err != nil {
-			return err
-		}
+	taskIDs := make([]string, len(todo))
+	for j, i := range todo {
+		taskIDs[j] = ids[i]
+	}
+	apply := func(ctx context.Context, cs *changeset, runs map[string]*runTx, tasks map[string]lockedTask) {
 		for _, i := range todo {
 			t, ok := tasks[ids[i]]
 			if !ok {
@@ -407,14 +397,37 @@ func (s *Store) InTasks(ctx context.Context, ids []string, known map[string]stri
 				return fn(i, &taskTx{s: s, ctx: ctx, cs: sub, task: t.task, run: rt, now: now, seq: t.seq})
 			})
 		}
-		if err := s.flush(ctx, tx, cs); err != nil {
+	}
+	var cs *changeset
+	if s.d.Pipeline != nil {
+		// Postgres: two round trips (see pipeline.go).
+		var tasks map[string]lockedTask
+		q, args := s.lockTasksQuery(taskIDs)
+		cs, err = s.pipelined(ctx, runIDs, now, PipeQuery{SQL: q, Args: args, Rows: func(r PipeRows) (err error) {
+			tasks, err = scanLockedTasks(r)
 			return err
-		}
-		if err := s.stage(ctx, tx, runs, cs); err != nil {
-			return err
-		}
-		return nil
-	})
+		}}, func(cs *changeset, runs map[string]*runTx) []PipeQuery {
+			apply(ctx, cs, runs, tasks)
+			return nil
+		})
+	} else {
+		err = s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+			cs = &changeset{}
+			runs, err := s.lockRuns(ctx, tx, runIDs, now)
+			if err != nil {
+				return err
+			}
+			tasks, err := s.lockTasks(ctx, tx, taskIDs)
+			if err != nil {
+				return err
+			}
+			apply(ctx, cs, runs, tasks)
+			if err := s.flush(ctx, tx, cs); err != nil {
+				return err
+			}
+			return s.stage(ctx, tx, runs, cs)
+		})
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -461,7 +474,18 @@ type lockedTask struct {
 }
 
 // lockTasks locks tasks in id order and reads them.
-func (s *Store) lockTasks(ctx context.Context, tx *sql.Tx, ids []string) (map[string]lockedTask, error) {
+func (s *Store) lockTasks(ctx context.Context, tx querier, ids []string) (map[string]lockedTask, error) {
+	q, args := s.lockTasksQuery(ids)
+	rows, err := tx.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("lock tasks: %w", err)
+	}
+	defer rows.Close()
+	return scanLockedTasks(rows)
+}
+
+// lockTasksQuery locks and reads tasks in id order.
+func (s *Store) lockTasksQuery(ids []string) (string, []any) {
 	sorted := append([]string(nil), ids...)
 	sort.Strings(sorted)
 	args := make([]any, len(sorted))
@@ -469,12 +493,12 @@ func (s *Store) lockTasks(ctx context.Context, tx *sql.Tx, ids []string) (map[st
 		args[i] = id
 	}
 	cond, args := s.inList("id", args)
-	rows, err := tx.QueryContext(ctx, s.q(`SELECT `+taskCols+`, event_seq FROM tasks WHERE `+cond+` ORDER BY id`+s.d.LockRun), args...)
-	if err != nil {
-		return nil, fmt.Errorf("lock tasks: %w", err)
-	}
-	defer rows.Close()
-	out := make(map[string]lockedTask, len(ids))
+	return s.q(`SELECT ` + taskCols + `, event_seq FROM tasks WHERE ` + cond + ` ORDER BY id` + s.d.LockRun), args
+}
+
+// scanLockedTasks reads lockTasksQuery's rows.
+func scanLockedTasks(rows PipeRows) (map[string]lockedTask, error) {
+	out := map[string]lockedTask{}
 	for rows.Next() {
 		var seq int64
 		t, err := scanTask(scanTail{rows, []any{&seq}})

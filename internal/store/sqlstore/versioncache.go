@@ -2,7 +2,6 @@ package sqlstore
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"sort"
 	"sync"
@@ -56,7 +55,7 @@ func (c *versionCache) put(ids []string, es []*cachedRun) {
 
 // vstage computes, inside the transaction, the entries that become true
 // when it commits (Store.committed puts them).
-func (s *Store) vstage(ctx context.Context, tx *sql.Tx, runs map[string]*runTx, cs *changeset) error {
+func (s *Store) vstage(ctx context.Context, tx querier, runs map[string]*runTx, cs *changeset) error {
 	xid := cs.xid // the xmin of every row the flush wrote
 	if len(cs.runs) > 0 && xid == "" {
 		return fmt.Errorf("version cache: runs written without a transaction id")
@@ -91,11 +90,17 @@ func (e *cachedRun) clone() *cachedRun {
 
 // lockVersioned locks and reads runs, their steps from the cache where the
 // row's version matches.
-func (s *Store) lockVersioned(ctx context.Context, tx *sql.Tx, ids []string, now time.Time) (map[string]*runTx, error) {
+func (s *Store) lockVersioned(ctx context.Context, tx querier, ids []string, now time.Time) (map[string]*runTx, error) {
 	out := make(map[string]*runTx, len(ids))
 	if err := s.readRunRows(ctx, tx, ids, now, out); err != nil {
 		return nil, err
 	}
+	return out, s.versionedSteps(ctx, tx, out, now)
+}
+
+// versionedSteps gives the runs just read in out their steps: from the
+// cache where the row's version matches, else read.
+func (s *Store) versionedSteps(ctx context.Context, tx querier, out map[string]*runTx, now time.Time) error {
 	var miss []string
 	hits := map[string]*runTx{}
 	for id, rt := range out {
@@ -113,15 +118,15 @@ func (s *Store) lockVersioned(ctx context.Context, tx *sql.Tx, ids []string, now
 	}
 	if len(hits) > 0 && s.vcache.check {
 		if err := s.checkHits(ctx, tx, hits); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	sort.Strings(miss)
 	if err := s.readSteps(ctx, tx, miss, out); err != nil {
-		return nil, err
+		return err
 	}
 	for _, id := range miss {
 		out[id].base = baseOf(out[id])
 	}
-	return out, nil
+	return nil
 }

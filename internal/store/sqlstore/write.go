@@ -10,6 +10,15 @@ import (
 	"time"
 )
 
+// querier is what statements go through: a *sql.Tx, a pool for reads, or
+// on Postgres a *sql.Conn inside a transaction that a pipeline began (see
+// pipeline.go).
+type querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
 // errExisting makes a write's transaction roll back without failing the
 // call: the caller found the row it would have created.
 var errExisting = errors.New("existing row")

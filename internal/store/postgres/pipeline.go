@@ -1,0 +1,49 @@
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/ferryhq/ferry/internal/store/sqlstore"
+)
+
+// pipeline sends qs on conn as one pgx batch: one network write, one round
+// trip, the statements run in order; their results are read in order. The
+// first error is returned; statements after a failed one are not run (and
+// a transaction the batch began is left aborted, for the caller to roll
+// back).
+func pipeline(ctx context.Context, conn *sql.Conn, qs []sqlstore.PipeQuery) error {
+	return conn.Raw(func(dc any) error {
+		sc, ok := dc.(*stdlib.Conn)
+		if !ok {
+			return fmt.Errorf("pipeline: connection is a %T, not pgx", dc)
+		}
+		b := &pgx.Batch{}
+		for _, q := range qs {
+			b.Queue(q.SQL, q.Args...)
+		}
+		br := sc.Conn().SendBatch(ctx, b)
+		var first error
+		for i, q := range qs {
+			rows, err := br.Query()
+			if err == nil && q.Rows != nil {
+				err = q.Rows(rows)
+			}
+			rows.Close()
+			if err == nil {
+				err = rows.Err()
+			}
+			if err != nil && first == nil {
+				first = fmt.Errorf("statement %d of %d: %w", i+1, len(qs), err)
+			}
+		}
+		if err := br.Close(); err != nil && first == nil {
+			first = err
+		}
+		return first
+	})
+}

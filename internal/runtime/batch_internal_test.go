@@ -35,6 +35,20 @@ func TestReportsOfOneRunShareALane(t *testing.T) {
 	if len(used) != batchLanes {
 		t.Errorf("64 unrelated tasks used %d of %d lanes", len(used), batchLanes)
 	}
+	// Standalone tasks handed out (no run) are keyed by their own ids,
+	// not all by the empty run.
+	var solo []*store.Task
+	for i := range 64 {
+		solo = append(solo, &store.Task{ID: "solo" + string(rune('A'+i))})
+	}
+	r.handedOut(solo)
+	used = map[chan *reportReq]bool{}
+	for _, tk := range solo {
+		used[b.lane(&reportReq{id: tk.ID})] = true
+	}
+	if len(used) != batchLanes {
+		t.Errorf("64 standalone tasks handed out used %d of %d lanes", len(used), batchLanes)
+	}
 	shared := newBatcher(make(chan struct{}), &sync.WaitGroup{}, nil, func(b []*triggerReq) []*triggerReq { return nil })
 	if len(shared.lanes) != 1 {
 		t.Errorf("an unkeyed batcher has %d queues, want 1 shared", len(shared.lanes))

@@ -45,7 +45,7 @@ func (r *Runtime) reportTask(ctx context.Context, id, token string, fn func(tx s
 // one lane.
 func (r *Runtime) reportLane(q *reportReq) uint64 {
 	key := q.id
-	if run, ok := r.taskRuns.Load(q.id); ok {
+	if run, ok := r.taskRuns.Load(q.id); ok && run.(string) != "" {
 		key = run.(string)
 	}
 	h := fnv.New64a()
@@ -53,15 +53,15 @@ func (r *Runtime) reportLane(q *reportReq) uint64 {
 	return h.Sum64()
 }
 
-// handedOut remembers the runs of tasks leased to workers, for reportLane;
-// a task's entry goes when it finishes. Bounded: past maxTaskRuns (tasks
+// handedOut remembers the runs of tasks leased to workers ("" for a
+// standalone task), for reportLane and for the store, which then need not
+// look them up (applyReports); a task's entry goes when it finishes. Bounded: past maxTaskRuns (tasks
 // released or reclaimed elsewhere are never reported here) it starts
 // again, and a report of a forgotten task only loses its lane's affinity.
 func (r *Runtime) handedOut(ts []*store.Task) {
 	for _, t := range ts {
-		if t.RunID == "" {
-			continue
-		}
+		// Standalone tasks too (run ""): the store then need not look
+		// them up either.
 		if _, loaded := r.taskRuns.LoadOrStore(t.ID, t.RunID); !loaded && r.taskRunsN.Add(1) > maxTaskRuns {
 			r.taskRuns.Clear()
 			r.taskRunsN.Store(0)

@@ -13,9 +13,11 @@ import (
 
 // pipeline sends qs on conn as one pgx batch: one network write, one round
 // trip, the statements run in order; their results are read in order. The
-// first error is returned; statements after a failed one are not run (and
-// a transaction the batch began is left aborted, for the caller to roll
-// back).
+// first error is returned. After a statement the server fails, the rest
+// are not run (a transaction the batch began is left aborted, for the
+// caller to roll back); a reader's error (client side) stops nothing, the
+// batch having been sent. A COMMIT the server answers with ROLLBACK (its
+// transaction was aborted before) is an error.
 func pipeline(ctx context.Context, conn *sql.Conn, qs []sqlstore.PipeQuery) error {
 	return conn.Raw(func(dc any) error {
 		sc, ok := dc.(*stdlib.Conn)
@@ -36,6 +38,9 @@ func pipeline(ctx context.Context, conn *sql.Conn, qs []sqlstore.PipeQuery) erro
 			rows.Close()
 			if err == nil {
 				err = rows.Err()
+			}
+			if err == nil && q.Commit && rows.CommandTag().String() == "ROLLBACK" {
+				err = pgx.ErrTxCommitRollback
 			}
 			if err != nil && first == nil {
 				first = fmt.Errorf("statement %d of %d: %w", i+1, len(qs), err)

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/url"
 	"strings"
 	"sync"
@@ -487,14 +488,18 @@ func TestCreateRunsWaitsForWorkflowUpdate(t *testing.T) {
 	}
 }
 
-// TestPipelineFailureLeavesNoTransaction: a report batch goes as two
-// pipelined round trips (begin and locks; write and commit). When its
-// write fails, nothing of it is written and the connection goes back to
-// the pool with no transaction open: with a single writer connection, the
-// next batch (on that same connection) commits.
-func TestPipelineFailureLeavesNoTransaction(t *testing.T) {
-	// ferry_max_conns=2: one reader, one writer connection.
-	s := openDSN(t, withParam(t, pgtest.DSN(t), "ferry_max_conns", "2"))
+// pipeStore is a store with one writer connection (ferry_max_conns=2:
+// the next transaction reuses the connection a failed one used) and n runs,
+// each with a running task step "a" whose task is claimed and a sleeping
+// step "s"; it returns the runs and their tasks in order. extra URL
+// parameters are added to the DSN.
+func pipeStore(t *testing.T, n int, extra ...string) (*postgres.Store, []*store.Run, []*store.Task, time.Time) {
+	t.Helper()
+	dsn := withParam(t, pgtest.DSN(t), "ferry_max_conns", "2")
+	for i := 0; i+1 < len(extra); i += 2 {
+		dsn = withParam(t, dsn, extra[i], extra[i+1])
+	}
+	s := openDSN(t, dsn)
 	ctx := t.Context()
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatal(err)
@@ -504,22 +509,93 @@ func TestPipelineFailureLeavesNoTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now().UTC().Truncate(time.Microsecond)
-	run, _, err := s.CreateRun(ctx, &store.NewRun{
-		Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: now.Add(time.Hour), StartedAt: now},
-		Steps: []*store.StepRun{{Name: "a", Type: "task", Status: status.StepRunning}},
-		Tasks: []*store.Task{{Type: "pipe.x.v1", Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: now, Step: "a"}},
-	}, now)
-	if err != nil {
-		t.Fatal(err)
+	var runs []*store.Run
+	for range n {
+		run, _, err := s.CreateRun(ctx, &store.NewRun{
+			Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: now.Add(time.Hour), StartedAt: now},
+			Steps: []*store.StepRun{{Name: "a", Type: "task", Status: status.StepRunning}, {Name: "s", Position: 1, Type: "sleep", Status: status.StepSleeping}},
+			Tasks: []*store.Task{{Type: "pipe.x.v1", Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: now, Step: "a"}},
+		}, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs = append(runs, run)
 	}
-	got, err := s.ClaimTasks(ctx, store.ClaimTasks{Patterns: []string{"pipe.x.v1"}, WorkerID: "w", Lease: time.Minute, Max: 1, Now: now})
-	if err != nil || len(got) != 1 {
+	got, err := s.ClaimTasks(ctx, store.ClaimTasks{Patterns: []string{"pipe.x.v1"}, WorkerID: "w", Lease: time.Minute, Max: n, Now: now})
+	if err != nil || len(got) != n {
 		t.Fatalf("claim: %v (%d tasks)", err, len(got))
 	}
-	k := got[0]
-	known := map[string]string{k.ID: run.ID}
+	byRun := map[string]*store.Task{}
+	for _, k := range got {
+		byRun[k.RunID] = k
+	}
+	tasks := make([]*store.Task, n)
+	for i, r := range runs {
+		tasks[i] = byRun[r.ID]
+	}
+	return s, runs, tasks, now
+}
+
+// openTransactions counts this database's sessions idle in a transaction,
+// seen from the reader pool (the writer connection may be the one).
+func openTransactions(t *testing.T, s *postgres.Store) int {
+	t.Helper()
+	var n int
+	if err := s.ReadDB().QueryRowContext(t.Context(), `SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// failOn makes row operation op on table fail with a trigger error, for
+// the rows when matches (a trigger WHEN condition; "" for all).
+func failOn(t *testing.T, s *postgres.Store, op, table, when string) (undo func()) {
+	t.Helper()
+	ctx := t.Context()
+	name := "pipe_fail_" + strings.ToLower(op) + "_" + table
+	if when != "" {
+		when = " WHEN (" + when + ")"
+	}
+	for _, q := range []string{
+		`CREATE OR REPLACE FUNCTION pipe_fail() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION 'injected failure'; END $$ LANGUAGE plpgsql`,
+		`CREATE TRIGGER ` + name + ` BEFORE ` + op + ` ON ` + table + ` FOR EACH ROW` + when + ` EXECUTE FUNCTION pipe_fail()`,
+	} {
+		if _, err := s.ReadDB().ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	return func() {
+		if _, err := s.ReadDB().ExecContext(ctx, `DROP TRIGGER `+name+` ON `+table); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// complete reports tasks[i] succeeded in one batch.
+func complete(t *testing.T, s *postgres.Store, run *store.Run, k *store.Task, now time.Time) error {
+	t.Helper()
+	errs, err := s.InTasks(t.Context(), []string{k.ID}, map[string]string{k.ID: run.ID}, now, func(_ int, tx store.TaskTx) error {
+		t2 := *tx.Task()
+		t2.Status = status.TaskSucceeded
+		return tx.UpdateTask(&t2)
+	})
+	if err == nil {
+		err = errs[0]
+	}
+	return err
+}
+
+// TestPipelineFailureLeavesNoTransaction: a report batch goes as two
+// pipelined round trips (begin and locks; write and commit). When its
+// write fails, nothing of it is written, no transaction is left open on
+// its connection, and the next batch (on that same, only writer
+// connection) commits.
+func TestPipelineFailureLeavesNoTransaction(t *testing.T) {
+	s, runs, ks, now := pipeStore(t, 1)
+	ctx := t.Context()
+	k := ks[0]
 	// The write fails: a new task with the id of an existing one.
-	_, err = s.InTasks(ctx, []string{k.ID}, known, now, func(_ int, tx store.TaskTx) error {
+	_, err := s.InTasks(ctx, []string{k.ID}, map[string]string{k.ID: runs[0].ID}, now, func(_ int, tx store.TaskTx) error {
 		st := tx.Run().Step("a")
 		st.Status = status.StepSuccess
 		if err := tx.Run().UpdateStep(st); err != nil {
@@ -530,31 +606,145 @@ func TestPipelineFailureLeavesNoTransaction(t *testing.T) {
 	if err == nil {
 		t.Fatal("a batch whose write violates a primary key committed")
 	}
-	_, steps, err := s.GetRun(ctx, run.ID)
+	if n := openTransactions(t, s); n != 0 {
+		t.Fatalf("%d sessions idle in a transaction right after the failed batch", n)
+	}
+	_, steps, err := s.GetRun(ctx, runs[0].ID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if steps[0].Status != status.StepRunning {
 		t.Fatalf("the failed batch wrote its step: %s", steps[0].Status)
 	}
-	// The next batch, on the same (only) writer connection, commits.
-	errs, err := s.InTasks(ctx, []string{k.ID}, known, now, func(_ int, tx store.TaskTx) error {
-		t2 := *tx.Task()
-		t2.Status = status.TaskSucceeded
-		return tx.UpdateTask(&t2)
-	})
-	if err != nil || errs[0] != nil {
-		t.Fatalf("batch after a failed one: %v, %v", err, errs)
+	if err := complete(t, s, runs[0], k, now); err != nil {
+		t.Fatalf("batch after a failed one: %v", err)
 	}
 	if k2, err := s.GetTask(ctx, k.ID); err != nil || k2.Status != status.TaskSucceeded {
 		t.Fatalf("task after the second batch: %+v, %v; want succeeded", k2, err)
 	}
-	var open int
-	if err := s.DB().QueryRowContext(ctx, `SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()`).Scan(&open); err != nil {
+}
+
+// TestPipelineCommitOfAbortedTransaction: a statement that fails while the
+// batch is being decided aborts the transaction; the COMMIT that follows
+// is answered with a rollback, and the batch must report that, not
+// success. (The first report's Dequeue succeeded and wrote nothing else:
+// without the check it would be taken as applied.)
+func TestPipelineCommitOfAbortedTransaction(t *testing.T) {
+	s, runs, ks, now := pipeStore(t, 2)
+	ctx := t.Context()
+	for _, r := range runs {
+		if err := s.InRun(ctx, r.ID, now, func(tx store.RunTx) error {
+			return tx.Enqueue(store.QueueItem{Kind: store.KindHTTP, Step: "a", DueAt: now.Add(-time.Second)})
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	items, err := s.Claim(ctx, now, time.Minute, 10, store.KindHTTP)
+	if err != nil || len(items) != 2 {
+		t.Fatalf("claim: %v (%d items)", err, len(items))
+	}
+	itemOf := map[string]*store.QueueItem{}
+	for _, it := range items {
+		itemOf[it.RunID] = it
+	}
+	// The second report's Dequeue fails on the server.
+	defer failOn(t, s, "DELETE", "queue", fmt.Sprintf("OLD.id = %d", itemOf[runs[1].ID].ID))()
+	known := map[string]string{ks[0].ID: runs[0].ID, ks[1].ID: runs[1].ID}
+	errs, err := s.InTasks(ctx, []string{ks[0].ID, ks[1].ID}, known, now, func(_ int, tx store.TaskTx) error {
+		it := itemOf[tx.Task().RunID]
+		return tx.Run().Dequeue(it.ID, it.LeaseToken)
+	})
+	if err == nil {
+		t.Fatalf("a batch whose transaction was aborted reported success (errs %v)", errs)
+	}
+	var left int
+	if err := s.ReadDB().QueryRowContext(ctx, `SELECT COUNT(*) FROM queue WHERE id = $1`, itemOf[runs[0].ID].ID).Scan(&left); err != nil {
 		t.Fatal(err)
 	}
-	if open != 0 {
-		t.Errorf("%d connections idle in a transaction after the batches", open)
+	if left != 1 {
+		t.Errorf("the rolled-back batch's dequeue is gone from the table")
+	}
+	if n := openTransactions(t, s); n != 0 {
+		t.Errorf("%d sessions idle in a transaction after the failed commit", n)
+	}
+}
+
+// TestPipelineFireTimersFailure: a timer transaction whose write, or the
+// deletion of the fired rows sent after it, fails writes nothing and
+// leaves the timer due; once the failure is gone it fires.
+func TestPipelineFireTimersFailure(t *testing.T) {
+	s, runs, _, now := pipeStore(t, 1)
+	ctx := t.Context()
+	run := runs[0]
+	if err := s.InRun(ctx, run.ID, now, func(tx store.RunTx) error {
+		return tx.Enqueue(store.QueueItem{Kind: store.KindWake, Step: "s", DueAt: now.Add(-time.Second)})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	fire := func() (int, []error, error) {
+		return s.FireTimers(ctx, []string{run.ID}, now, time.Minute, func(_ *store.QueueItem, tx store.RunTx) error {
+			st := tx.Step("s")
+			st.Status = status.StepSuccess
+			return tx.UpdateStep(st)
+		})
+	}
+	check := func(what string) {
+		t.Helper()
+		if n := openTransactions(t, s); n != 0 {
+			t.Errorf("%s: %d sessions idle in a transaction", what, n)
+		}
+		_, steps, err := s.GetRun(ctx, run.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if steps[1].Status != status.StepSleeping {
+			t.Errorf("%s: the step was written: %s", what, steps[1].Status)
+		}
+		if due, err := s.DueTimers(ctx, now, 10); err != nil || len(due) != 1 {
+			t.Errorf("%s: due timers %d, %v; want the wake-up still due", what, len(due), err)
+		}
+	}
+	for _, f := range []struct{ op, table string }{{"UPDATE", "step_runs"}, {"DELETE", "queue"}} {
+		undo := failOn(t, s, f.op, f.table, "")
+		if _, _, err := fire(); err == nil {
+			t.Fatalf("a timer transaction with a failing %s of %s committed", f.op, f.table)
+		}
+		check("after a failing " + f.op + " of " + f.table)
+		undo()
+	}
+	if n, errs, err := fire(); err != nil || n != 1 || len(errs) != 0 {
+		t.Fatalf("fire once nothing fails: %d, %v, %v", n, errs, err)
+	}
+}
+
+// TestPipelineLockReadFailure: a lock read that fails on the server (a
+// lock timeout, here) fails the batch and leaves no transaction open; the
+// batch succeeds once the lock is free.
+func TestPipelineLockReadFailure(t *testing.T) {
+	s, runs, ks, now := pipeStore(t, 1, "lock_timeout", "100")
+	ctx := t.Context()
+	holder, err := s.ReadDB().BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.ExecContext(ctx, `SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE`, ks[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := complete(t, s, runs[0], ks[0], now); err == nil {
+		t.Fatal("a batch committed while its task was locked elsewhere")
+	}
+	var open int
+	if err := holder.QueryRowContext(ctx, `SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%'`).Scan(&open); err != nil {
+		t.Fatal(err)
+	}
+	if open != 0 { // the holder itself is active while it asks
+		t.Errorf("%d sessions idle in a transaction after the failed lock read", open)
+	}
+	if err := holder.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if err := complete(t, s, runs[0], ks[0], now); err != nil {
+		t.Fatalf("batch once the lock is free: %v", err)
 	}
 }
 

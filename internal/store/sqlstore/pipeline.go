@@ -26,12 +26,20 @@ import (
 
 // PipeQuery is one statement of a pipeline: its text (placeholders already
 // rewritten for the dialect), its arguments and, for a statement with
-// rows, what reads them.
+// rows, what reads them. A reader's error does not stop the statements
+// after it (they were sent together): none may fail in a pipeline that
+// carries a COMMIT.
 type PipeQuery struct {
 	SQL  string
 	Args []any
 	Rows func(PipeRows) error
+	// Commit marks a COMMIT: it fails when the server answers that it
+	// rolled back (the transaction had been aborted).
+	Commit bool
 }
+
+// commit ends a pipelined transaction.
+var commit = PipeQuery{SQL: "COMMIT", Commit: true}
 
 // PipeRows are the rows of one statement (a *sql.Rows satisfies it).
 type PipeRows interface {
@@ -41,11 +49,12 @@ type PipeRows interface {
 }
 
 // pipelined runs a Postgres transaction in two round trips: BEGIN, the
-// lock read of runIDs and more (a lock read whose rows its Rows keeps)
-// go as one; the runs get their steps, decide fills a changeset in memory
-// and names statements to send after the write; the write, those and
-// COMMIT go as the other. It returns the changeset committed.
-func (s *Store) pipelined(ctx context.Context, runIDs []string, now time.Time, more PipeQuery, decide func(cs *changeset, runs map[string]*runTx) (after []PipeQuery)) (_ *changeset, err error) {
+// lock read of runIDs and more (a lock read whose rows its Rows keeps; none
+// when its SQL is empty) go as one; the runs get their steps, decide fills
+// a changeset in memory and names statements to send after the write; the
+// write, those and COMMIT go as the other. It returns the changeset
+// committed.
+func (s *Store) pipelined(ctx context.Context, runIDs []string, now time.Time, more PipeQuery, decide func(cs *changeset, runs map[string]*runTx) (after []PipeQuery, err error)) (_ *changeset, err error) {
 	conn, err := s.w.Conn(ctx)
 	if err != nil {
 		return nil, err
@@ -66,29 +75,37 @@ func (s *Store) pipelined(ctx context.Context, runIDs []string, now time.Time, m
 		q, args := s.runRowsQuery(runIDs)
 		locks = append(locks, PipeQuery{SQL: q, Args: args, Rows: func(r PipeRows) error { return s.scanRunRows(ctx, conn, r, now, runs) }})
 	}
-	if err := s.d.Pipeline(ctx, conn, append(locks, more)); err != nil {
+	if more.SQL != "" {
+		locks = append(locks, more)
+	}
+	if err := s.d.Pipeline(ctx, conn, locks); err != nil {
 		return nil, fmt.Errorf("lock: %w", err)
 	}
 	if err := s.versionedSteps(ctx, conn, runs, now); err != nil {
 		return nil, err
 	}
 	cs := &changeset{}
-	after := decide(cs, runs)
+	after, err := decide(cs, runs)
+	if err != nil {
+		return nil, err
+	}
 	parts, events := s.flushParts(cs)
 	all := append(parts, events()...)
 	if len(cs.cancel) == 0 && len(all) > 0 && params(all) <= maxStmtParams {
 		q, args := s.withStmt(all)
 		qs := append([]PipeQuery{{SQL: q, Args: args, Rows: func(r PipeRows) error {
-			if !r.Next() {
-				return fmt.Errorf("no transaction id returned")
+			// Never an error: COMMIT is already on its way. Without the
+			// id, the runs are left uncached (stage fails below).
+			if r.Next() {
+				_ = r.Scan(&cs.xid)
 			}
-			return r.Scan(&cs.xid)
+			return nil
 		}}}, after...)
-		err = s.d.Pipeline(ctx, conn, append(qs, PipeQuery{SQL: "COMMIT"}))
+		err = s.d.Pipeline(ctx, conn, append(qs, commit))
 	} else {
 		err = s.flush(ctx, conn, cs)
 		if err == nil {
-			err = s.d.Pipeline(ctx, conn, append(after, PipeQuery{SQL: "COMMIT"}))
+			err = s.d.Pipeline(ctx, conn, append(after, commit))
 		}
 	}
 	if err != nil {

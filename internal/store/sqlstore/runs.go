@@ -160,23 +160,39 @@ func (s *Store) createRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 	})
 	var cs *changeset
 	var stale map[int]bool // runs whose workflow changed since it was read
-	if len(todo) > 0 {
-		err = s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
-			cs = &changeset{}
-			var err error
-			if stale, err = s.staleWorkflows(ctx, tx, nrs, todo); err != nil {
-				return err
-			}
-			for _, i := range todo {
-				if stale[i] {
-					continue
-				}
+	add := func(cs *changeset) error {
+		for _, i := range todo {
+			if !stale[i] {
 				if err := cs.newRun(nrs[i], now); err != nil {
 					return err
 				}
 			}
-			return s.flush(ctx, tx, cs)
-		})
+		}
+		return nil
+	}
+	if len(todo) > 0 {
+		if q, args, ok := s.workflowsCheck(nrs, todo); ok && s.d.Pipeline != nil {
+			// Postgres: two round trips (see pipeline.go).
+			cs, err = s.pipelined(ctx, nil, now, PipeQuery{SQL: q, Args: args, Rows: func(r PipeRows) error {
+				states, err := scanWorkflowStates(r)
+				stale = staleOf(nrs, todo, states)
+				return err
+			}}, func(cs *changeset, _ map[string]*runTx) ([]PipeQuery, error) {
+				return nil, add(cs)
+			})
+		} else {
+			err = s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+				cs = &changeset{}
+				var err error
+				if stale, err = s.staleWorkflows(ctx, tx, nrs, todo); err != nil {
+					return err
+				}
+				if err := add(cs); err != nil {
+					return err
+				}
+				return s.flush(ctx, tx, cs)
+			})
+		}
 		switch {
 		case err != nil && s.d.IsUnique(err) && anyKey(nrs, todo) && race < maxKeyRaces:
 			// Another server wrote a key meanwhile (the keys are read
@@ -224,6 +240,33 @@ func (s *Store) createRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 // never start a run of a workflow disabled before the run committed: the
 // rows are read under a shared lock, which an update waits for.
 func (s *Store) staleWorkflows(ctx context.Context, tx querier, nrs []*store.NewRun, todo []int) (map[int]bool, error) {
+	q, args, ok := s.workflowsCheck(nrs, todo)
+	if !ok {
+		return nil, nil
+	}
+	rows, err := tx.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("check workflows: %w", err)
+	}
+	defer rows.Close()
+	states, err := scanWorkflowStates(rows)
+	if err != nil {
+		return nil, err
+	}
+	return staleOf(nrs, todo, states), nil
+}
+
+// wfState is a workflow row as the writing transaction sees it.
+type wfState struct {
+	name    string
+	version int
+	live    bool
+}
+
+// workflowsCheck reads the workflows of the new runs, with shared locks:
+// a concurrent update or delete of one waits for this transaction, or this
+// one reads what it committed. ok is false when no run names its workflow.
+func (s *Store) workflowsCheck(nrs []*store.NewRun, todo []int) (string, []any, bool) {
 	var ids []string
 	for _, i := range todo {
 		if w := nrs[i].Workflow; w != nil && !slices.Contains(ids, w.ID) {
@@ -231,44 +274,39 @@ func (s *Store) staleWorkflows(ctx context.Context, tx querier, nrs []*store.New
 		}
 	}
 	if len(ids) == 0 {
-		return nil, nil
+		return "", nil, false
 	}
-	type current struct {
-		name    string
-		version int
-		live    bool
-	}
-	now := make(map[string]current, len(ids))
 	cond, args := s.inStrings("id", ids)
-	// Shared locks: a concurrent update or delete of the workflow waits
-	// for this transaction, or this one reads what it committed.
-	rows, err := tx.QueryContext(ctx, s.q(`SELECT id, name, version, enabled AND deleted_at IS NULL FROM workflows WHERE `+cond+` ORDER BY id`+s.d.ShareLock), args...)
-	if err != nil {
-		return nil, fmt.Errorf("check workflows: %w", err)
-	}
-	defer rows.Close()
+	return s.q(`SELECT id, name, version, enabled AND deleted_at IS NULL FROM workflows WHERE ` + cond + ` ORDER BY id` + s.d.ShareLock), args, true
+}
+
+func scanWorkflowStates(rows PipeRows) (map[string]wfState, error) {
+	out := map[string]wfState{}
 	for rows.Next() {
 		var id string
-		var c current
+		var c wfState
 		if err := rows.Scan(&id, &c.name, &c.version, &c.live); err != nil {
 			return nil, err
 		}
-		now[id] = c
+		out[id] = c
 	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
+	return out, rows.Err()
+}
+
+// staleOf are the new runs whose workflow is no longer live, enabled, so
+// named and at that version.
+func staleOf(nrs []*store.NewRun, todo []int, states map[string]wfState) map[int]bool {
 	stale := map[int]bool{}
 	for _, i := range todo {
 		w := nrs[i].Workflow
 		if w == nil {
 			continue
 		}
-		if c, ok := now[w.ID]; !ok || !c.live || c.name != w.Name || c.version != nrs[i].Run.Version {
+		if c, ok := states[w.ID]; !ok || !c.live || c.name != w.Name || c.version != nrs[i].Run.Version {
 			stale[i] = true
 		}
 	}
-	return stale, nil
+	return stale
 }
 
 func anyKey(nrs []*store.NewRun, idx []int) bool {

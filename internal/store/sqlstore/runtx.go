@@ -446,8 +446,8 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, now time.Time, 
 		cs, err = s.pipelined(ctx, runIDs, now, PipeQuery{SQL: itemsQuery, Args: itemsArgs, Rows: func(r PipeRows) (err error) {
 			items, err = scanQueueItems(r)
 			return err
-		}}, func(cs *changeset, runs map[string]*runTx) []PipeQuery {
-			return settle(fire(cs, runs, items))
+		}}, func(cs *changeset, runs map[string]*runTx) ([]PipeQuery, error) {
+			return settle(fire(cs, runs, items)), nil
 		})
 	} else {
 		err = s.writeUrgent(ctx, func(ctx context.Context, tx *sql.Tx) error {

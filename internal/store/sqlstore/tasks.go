@@ -406,9 +406,9 @@ func (s *Store) InTasks(ctx context.Context, ids []string, known map[string]stri
 		cs, err = s.pipelined(ctx, runIDs, now, PipeQuery{SQL: q, Args: args, Rows: func(r PipeRows) (err error) {
 			tasks, err = scanLockedTasks(r)
 			return err
-		}}, func(cs *changeset, runs map[string]*runTx) []PipeQuery {
+		}}, func(cs *changeset, runs map[string]*runTx) ([]PipeQuery, error) {
 			apply(ctx, cs, runs, tasks)
-			return nil
+			return nil, nil
 		})
 	} else {
 		err = s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {

@@ -63,8 +63,15 @@ type timerLoop struct {
 	planned atomic.Int64
 	lanes   chan struct{}
 	mu      sync.Mutex
-	firing  map[string]bool // runs in a fire transaction now
-	failed  map[string]*timerFailure
+	// firing holds runs in a fire transaction (-1) and runs whose fire
+	// transaction ended, with the number of the last read of due timers
+	// begun before it ended: that read may predate the commit and still
+	// list the timers just fired, so it must not pick the run again (it
+	// did, and a lane spent a transaction on nothing). reads counts the
+	// reads begun.
+	firing map[string]int64
+	reads  int64
+	failed map[string]*timerFailure
 }
 
 // timerFailure is a run whose last fire transaction failed as a whole.
@@ -74,7 +81,7 @@ type timerFailure struct {
 }
 
 func newTimerLoop(shape timerShape) *timerLoop {
-	t := &timerLoop{shape: shape, wake: make(chan struct{}, 1), lanes: make(chan struct{}, shape.lanes), firing: map[string]bool{}, failed: map[string]*timerFailure{}}
+	t := &timerLoop{shape: shape, wake: make(chan struct{}, 1), lanes: make(chan struct{}, shape.lanes), firing: map[string]int64{}, failed: map[string]*timerFailure{}}
 	t.planned.Store(math.MaxInt64)
 	return t
 }
@@ -93,9 +100,24 @@ type candidate struct {
 	failed bool      // its last fire transaction failed: it goes alone
 }
 
-// candidates are the runs of due items not being fired nor held back, in
-// due order.
-func (t *timerLoop) candidates(items []*store.QueueItem, now time.Time) []candidate {
+// beginRead numbers a read of due timers about to start. Runs whose fire
+// transaction ended before it need not be remembered any more: this read
+// sees their commit. (Only the loop reads, one read at a time.)
+func (t *timerLoop) beginRead() int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.reads++
+	for id, v := range t.firing {
+		if v >= 0 && v < t.reads {
+			delete(t.firing, id)
+		}
+	}
+	return t.reads
+}
+
+// candidates are the runs of due items (from read number read) not being
+// fired, fired since that read began, nor held back, in due order.
+func (t *timerLoop) candidates(items []*store.QueueItem, now time.Time, read int64) []candidate {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var out []candidate
@@ -103,7 +125,8 @@ func (t *timerLoop) candidates(items []*store.QueueItem, now time.Time) []candid
 	for _, it := range items {
 		id := it.RunID
 		f := t.failed[id]
-		if t.firing[id] || seen[id] || (f != nil && now.Before(f.until)) {
+		v, busy := t.firing[id]
+		if (busy && (v < 0 || v >= read)) || seen[id] || (f != nil && now.Before(f.until)) {
 			continue
 		}
 		seen[id] = true
@@ -133,14 +156,15 @@ func chunk(cs []candidate, n int) ([]string, time.Time) {
 	return runs, cs[0].due
 }
 
+// mark records runs as being fired (on) or as fired now (see firing).
 func (t *timerLoop) mark(runs []string, on bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, id := range runs {
 		if on {
-			t.firing[id] = true
+			t.firing[id] = -1
 		} else {
-			delete(t.firing, id)
+			t.firing[id] = t.reads
 		}
 	}
 }
@@ -165,7 +189,7 @@ func (t *timerLoop) settle(runs []string, ok bool, now time.Time, maxHold time.D
 	// A run whose hold ended long ago and that was not seen since is
 	// gone (finished, or fired by another node): forget it.
 	for id, f := range t.failed {
-		if now.Sub(f.until) > maxHold && !t.firing[id] {
+		if v, busy := t.firing[id]; now.Sub(f.until) > maxHold && !(busy && v < 0) {
 			delete(t.failed, id)
 		}
 	}
@@ -199,6 +223,7 @@ func (r *Runtime) runTimers(ctx context.Context) {
 		}
 		t.planned.Store(math.MaxInt64)
 		now := r.clk.Now()
+		read := t.beginRead()
 		items, err := r.st.DueTimers(ctx, now, t.shape.read)
 		if err != nil {
 			<-t.lanes
@@ -211,7 +236,7 @@ func (r *Runtime) runTimers(ctx context.Context) {
 		}
 		// Share what is due among the free lanes (this one included), so
 		// a burst goes out as several transactions at once.
-		cands := t.candidates(items, now)
+		cands := t.candidates(items, now, read)
 		free := cap(t.lanes) - len(t.lanes) + 1
 		runs, oldest := chunk(cands, min(max((len(cands)+free-1)/free, 1), t.shape.chunk))
 		if len(runs) == 0 {

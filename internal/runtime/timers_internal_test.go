@@ -231,3 +231,37 @@ func TestTimerFailureBacksOffAndIsolates(t *testing.T) {
 	r.Nudge()
 	waitUntil(t, "the bad run retried after its doubled hold", func() bool { return spy.callsOf(bad) == 3 })
 }
+
+// TestTimerCandidatesSkipRunsFiredSinceTheRead: a run being fired is not a
+// candidate; nor, once its transaction ended, for a read begun before
+// that (the read may predate the commit and still list its timers); a
+// read begun afterwards sees the commit, and the run is a candidate again
+// (its timers, if any are left, are due).
+func TestTimerCandidatesSkipRunsFiredSinceTheRead(t *testing.T) {
+	tl := newTimerLoop(concurrentTimers)
+	now := time.Date(2026, 2, 22, 10, 0, 0, 0, time.UTC)
+	items := []*store.QueueItem{{RunID: "a", DueAt: now}, {RunID: "b", DueAt: now}}
+	runs := func(cs []candidate) []string {
+		var out []string
+		for _, c := range cs {
+			out = append(out, c.run)
+		}
+		return out
+	}
+	before := tl.beginRead()
+	tl.mark([]string{"a"}, true)
+	if got := runs(tl.candidates(items, now, before)); !slices.Equal(got, []string{"b"}) {
+		t.Fatalf("while a is being fired: candidates %v, want [b]", got)
+	}
+	tl.mark([]string{"a"}, false)
+	if got := runs(tl.candidates(items, now, before)); !slices.Equal(got, []string{"b"}) {
+		t.Fatalf("a fired after the read began: candidates %v, want [b]", got)
+	}
+	after := tl.beginRead()
+	if got := runs(tl.candidates(items, now, after)); !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("a read begun after a was fired: candidates %v, want [a b]", got)
+	}
+	if len(tl.firing) != 0 {
+		t.Errorf("%d runs still remembered after a later read began", len(tl.firing))
+	}
+}

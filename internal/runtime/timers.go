@@ -77,7 +77,7 @@ type timerLoop struct {
 // timerFailure is a run whose last fire transaction failed as a whole.
 type timerFailure struct {
 	until time.Time     // not fired again before
-	hold  time.Duration // the hold after the next failure, halved
+	hold  time.Duration // the hold a further failure gets
 }
 
 func newTimerLoop(shape timerShape) *timerLoop {

@@ -490,6 +490,12 @@ var (
 // statement (see exec).
 func (s *Store) flush(ctx context.Context, tx querier, c *changeset) error {
 	parts, events := s.flushParts(c)
+	return s.writeParts(ctx, tx, c, parts, events)
+}
+
+// writeParts writes what flushParts built for c, the cancellations of its
+// stopped runs' tasks between the parts and the events.
+func (s *Store) writeParts(ctx context.Context, tx querier, c *changeset, parts []part, events func() []part) error {
 	if len(c.cancel) == 0 {
 		return s.exec(ctx, tx, c, append(parts, events()...))
 	}

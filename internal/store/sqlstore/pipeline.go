@@ -90,7 +90,7 @@ func (s *Store) pipelined(ctx context.Context, runIDs []string, now time.Time, m
 		return nil, err
 	}
 	parts, events := s.flushParts(cs)
-	all := append(parts, events()...)
+	all := append(parts[:len(parts):len(parts)], events()...)
 	if len(cs.cancel) == 0 && len(all) > 0 && params(all) <= maxStmtParams {
 		q, args := s.withStmt(all)
 		qs := append([]PipeQuery{{SQL: q, Args: args, Rows: func(r PipeRows) error {
@@ -103,7 +103,7 @@ func (s *Store) pipelined(ctx context.Context, runIDs []string, now time.Time, m
 		}}}, after...)
 		err = s.d.Pipeline(ctx, conn, append(qs, commit))
 	} else {
-		err = s.flush(ctx, conn, cs)
+		err = s.writeParts(ctx, conn, cs, parts, events)
 		if err == nil {
 			err = s.d.Pipeline(ctx, conn, append(after, commit))
 		}

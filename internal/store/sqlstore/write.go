@@ -47,8 +47,8 @@ func (s *Store) write(ctx context.Context, fn func(ctx context.Context, tx *sql.
 }
 
 // writeUrgent is write for work with a due time (timers): with group commit
-// it goes ahead of every queued request and joins the group being written
-// at its next request, instead of waiting behind whatever is queued.
+// it goes ahead of every queued request and cuts the group being written
+// short (see groupCommit.run), instead of waiting behind whatever is queued.
 func (s *Store) writeUrgent(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
 	if s.group == nil {
 		return s.write(ctx, fn)
@@ -69,8 +69,8 @@ type groupCommit struct {
 	db    *sql.DB
 	cache *runCache // may be nil
 	reqs  chan *writeReq
-	// urgent requests are taken before reqs, also between the requests of
-	// a group already being written (see writeUrgent).
+	// urgent requests are taken before reqs and make groups of their own,
+	// cutting short an ordinary group being written (see run).
 	urgent chan *writeReq
 	// share is how long an ordinary group that follows an urgent one is
 	// written before urgent requests may cut it (ordinaryShare).

@@ -26,15 +26,16 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // newTestGroup is a single writer on a fresh SQLite file, without a run
-// cache or a separate sync, closed when the test ends.
-func newTestGroup(t *testing.T) *groupCommit {
+// cache, with sync as its separate sync (nil: none), closed when the test
+// ends.
+func newTestGroup(t *testing.T, sync func() error) *groupCommit {
 	t.Helper()
 	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "w.db")+"?_pragma=journal_mode(WAL)&_txlock=immediate")
 	if err != nil {
 		t.Fatal(err)
 	}
 	db.SetMaxOpenConns(1)
-	g := newGroupCommit(db, 128, nil, nil)
+	g := newGroupCommit(db, 128, nil, sync)
 	t.Cleanup(func() {
 		g.mu.RLock()
 		closed := g.closed
@@ -52,7 +53,7 @@ func newTestGroup(t *testing.T) *groupCommit {
 // transaction of its own (so its answer does not wait for the rest of the
 // group); the requests it overtook follow, in their order.
 func TestUrgentWriteCutsTheGroup(t *testing.T) {
-	g := newTestGroup(t)
+	g := newTestGroup(t, nil)
 
 	var mu sync.Mutex
 	var order []string
@@ -117,7 +118,7 @@ func TestUrgentWriteCutsTheGroup(t *testing.T) {
 // TestUrgentWritesGoFirst: urgent requests queued together with ordinary
 // ones make the next group, ahead of the ordinary ones.
 func TestUrgentWritesGoFirst(t *testing.T) {
-	g := newTestGroup(t)
+	g := newTestGroup(t, nil)
 
 	var mu sync.Mutex
 	var order []string
@@ -166,7 +167,7 @@ func TestUrgentWritesGoFirst(t *testing.T) {
 // dry (a backlog of timers), an ordinary request is still written: groups
 // of urgent requests do not run twice in a row while ordinary ones wait.
 func TestUrgentWritesDoNotStarveOthers(t *testing.T) {
-	g := newTestGroup(t)
+	g := newTestGroup(t, nil)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -213,7 +214,7 @@ func TestUrgentWritesDoNotStarveOthers(t *testing.T) {
 // ones and not yet written when the store closes are answered "store
 // closed", and never applied.
 func TestCloseAnswersCarriedRequests(t *testing.T) {
-	g := newTestGroup(t)
+	g := newTestGroup(t, nil)
 	names := []string{"blocker", "a", "b1", "b2", "u"}
 	held := map[string]bool{"blocker": true, "a": true, "u": true}
 	hold, in, errs := map[string]chan struct{}{}, map[string]chan struct{}{}, map[string]chan error{}
@@ -284,21 +285,12 @@ func TestCloseAnswersCarriedRequests(t *testing.T) {
 // default), an urgent request is answered only once a sync after its own
 // commit has run.
 func TestUrgentAnswerWaitsForItsSync(t *testing.T) {
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "w.db")+"?_pragma=journal_mode(WAL)&_txlock=immediate")
-	if err != nil {
-		t.Fatal(err)
-	}
-	db.SetMaxOpenConns(1)
 	var syncs atomic.Int64
 	gate := make(chan struct{})
-	g := newGroupCommit(db, 128, nil, func() error {
+	g := newTestGroup(t, func() error {
 		<-gate
 		syncs.Add(1)
 		return nil
-	})
-	t.Cleanup(func() {
-		g.close()
-		db.Close()
 	})
 	done := make(chan error, 1)
 	go func() {

@@ -211,3 +211,57 @@ func TestRunCacheKeepsOnlyWhatWasWritten(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestRunCacheKeepsCreatedRuns: a run created from a checked workflow is
+// cached as the tables return it (headers, a step's token and wake time,
+// times in UTC to the microsecond), so its first write reads nothing.
+func TestRunCacheKeepsCreatedRuns(t *testing.T) {
+	s, _ := cacheStore(t, filepath.Join(t.TempDir(), "c.db"))
+	ctx := t.Context()
+	wf, err := s.GetWorkflow(ctx, "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 11, 24, 15, 4, 5, 123456789, time.FixedZone("x", 3600))
+	wake := now.Add(time.Second)
+	r, _, err := s.CreateRun(ctx, &store.NewRun{
+		Workflow: wf,
+		Run: store.Run{WorkflowID: wf.ID, Version: wf.Version, Status: status.RunRunning, Input: json.RawMessage(`{"n": 1}`),
+			TriggerHeaders: map[string]string{"X-A": "b"}, IdempotencyKey: "k", StartedAt: now, ExpiresAt: now.Add(time.Hour)},
+		Steps: []*store.StepRun{
+			{Name: "b", Position: 1, Type: "webhook", Status: status.StepWaiting, CallbackToken: "wh_t", WakeAt: &wake, StartedAt: &now},
+			{Name: "a", Position: 0, Type: "task", Status: status.StepRunning, Attempt: 1, StartedAt: &now},
+		},
+		Events: []store.NewEvent{{Type: "run_started"}, {Type: "step_started", Step: "a"}},
+	}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A terminal run is not kept: nothing more happens to it.
+	done, _, err := s.CreateRun(ctx, &store.NewRun{
+		Workflow: wf,
+		Run:      store.Run{WorkflowID: wf.ID, Version: wf.Version, Status: status.RunCompleted, Input: json.RawMessage(`{}`), StartedAt: now, FinishedAt: &now, ExpiresAt: now.Add(time.Hour)},
+	}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.VerifyRunCache(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := s.RunCacheHits()
+	if err := s.InRun(ctx, r.ID, time.Now(), bump); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.RunCacheHits() - before; got != 1 {
+		t.Errorf("cache hits for the created run's first write = %d, want 1", got)
+	}
+	if err := s.InRun(ctx, done.ID, time.Now(), func(store.RunTx) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.RunCacheHits() - before; got != 1 {
+		t.Errorf("cache hits after reading the finished run = %d, want still 1", got)
+	}
+	if err := s.VerifyRunCache(ctx); err != nil {
+		t.Error(err)
+	}
+}

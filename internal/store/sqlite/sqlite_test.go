@@ -44,6 +44,21 @@ func TestWALMode(t *testing.T) {
 	}
 }
 
+// TestStatementJournalsInMemory: the writer keeps its statement journals
+// (one page copy per page a savepoint first touches) in memory; on the
+// default temp_store they spill into temporary files, a file opened,
+// written and closed per group.
+func TestStatementJournalsInMemory(t *testing.T) {
+	s := open(t)
+	var n int
+	if err := s.DB().QueryRowContext(t.Context(), "PRAGMA temp_store").Scan(&n); err != nil {
+		t.Fatalf("PRAGMA temp_store: %v", err)
+	}
+	if n != 2 {
+		t.Errorf("temp_store = %d, want 2 (MEMORY)", n)
+	}
+}
+
 func TestOpenEmptyPath(t *testing.T) {
 	if s, err := sqlite.Open(""); err == nil {
 		s.Close()

@@ -103,12 +103,9 @@ func (c *changeset) merge(o *changeset) {
 // newRun adds a run with its steps, queue items, tasks and events.
 func (c *changeset) newRun(nr *store.NewRun, now time.Time) error {
 	r := &nr.Run
-	headers := []byte("{}")
-	if r.TriggerHeaders != nil {
-		var err error
-		if headers, err = json.Marshal(r.TriggerHeaders); err != nil {
-			return err
-		}
+	headers, err := headersJSON(r.TriggerHeaders)
+	if err != nil {
+		return err
 	}
 	var seq int64
 	if err := c.addEvents(r.ID, &seq, now, nr.Events); err != nil {
@@ -129,6 +126,14 @@ func (c *changeset) newRun(nr *store.NewRun, now time.Time) error {
 		c.addTask(t, now)
 	}
 	return nil
+}
+
+// headersJSON is how a run's trigger headers are stored: no headers as {}.
+func headersJSON(h map[string]string) ([]byte, error) {
+	if h == nil {
+		return []byte("{}"), nil
+	}
+	return json.Marshal(h)
 }
 
 // addTask adds a new task and its created event, and its claimed event

@@ -190,7 +190,17 @@ func (s *Store) createRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 				if err := add(cs); err != nil {
 					return err
 				}
-				return s.flush(ctx, tx, cs)
+				if err := s.flush(ctx, tx, cs); err != nil {
+					return err
+				}
+				if s.cache != nil {
+					for _, i := range todo {
+						if !stale[i] {
+							s.cache.created(nrs[i], now)
+						}
+					}
+				}
+				return nil
 			})
 		}
 		switch {

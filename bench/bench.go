@@ -70,7 +70,7 @@ type Result struct {
 	Settings   map[string]any `json:"settings"`
 }
 
-var defaultN = map[string]int{"jobs": 20000, "chain10": 1000, "fanout": 1000, "sleep": 10000, "sleep-rss": 100000}
+var defaultN = map[string]int{"jobs": 20000, "chain10": 1000, "fanout": 1000, "sleep": 10000, "sleep-rss": 100000, "start": 500}
 
 // Run runs the selected workloads one after the other, each on a fresh
 // database, and writes each result as a JSON line to out as it finishes.
@@ -96,7 +96,7 @@ func Run(ctx context.Context, o Options, out io.Writer) ([]Result, error) {
 			continue
 		}
 		if _, ok := defaultN[name]; !ok {
-			return results, fmt.Errorf("unknown workload %q (use %s, sleep-rss, scale or all)", name, strings.Join(Workloads, ", "))
+			return results, fmt.Errorf("unknown workload %q (use %s, sleep-rss, start, scale or all)", name, strings.Join(Workloads, ", "))
 		}
 		r, err := runMedian(ctx, name, o)
 		if err != nil {

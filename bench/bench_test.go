@@ -59,8 +59,9 @@ func TestWorkloadsReportEveryKey(t *testing.T) {
 	}
 }
 
-// TestSleepRSSAndRepeat: sleep-rss holds every run asleep, and --repeat
-// reports the median run with every run's rate in settings.
+// TestSleepRSSAndRepeat: sleep-rss holds every run asleep, start times
+// every run's first step, and --repeat reports the median run with every
+// run's rate in settings.
 func TestSleepRSSAndRepeat(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs workloads")
@@ -71,6 +72,13 @@ func TestSleepRSSAndRepeat(t *testing.T) {
 	}
 	if r := res[0]; r.Completed != 30 || r.PeakRSSMB <= 0 {
 		t.Errorf("sleep-rss: %+v", r)
+	}
+	res, err = Run(t.Context(), Options{Workload: "start", Database: "sqlite", N: 20, Workers: 4, Timeout: time.Minute}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := res[0]; r.Completed != 20 || r.LatencyMS == nil || r.LatencyMS.P50 <= 0 {
+		t.Errorf("start: every run's first step must be timed: %+v", r)
 	}
 	res, err = Run(t.Context(), Options{Workload: "jobs", Database: "sqlite", N: 10, Workers: 4, Repeat: 3, Timeout: time.Minute}, nil)
 	if err != nil {

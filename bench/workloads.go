@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
@@ -34,6 +35,8 @@ func runOne(ctx context.Context, name string, o Options) (Result, error) {
 		return fanout(ctx, o)
 	case "sleep-rss":
 		return sleepRSS(ctx, o)
+	case "start":
+		return starts(ctx, o)
 	default:
 		return sleepers(ctx, o)
 	}
@@ -66,6 +69,67 @@ func sleepRSS(ctx context.Context, o Options) (Result, error) {
 	r.Completed = counts[status.RunRunning]
 	r.TotalS = took.Seconds()
 	r.UnitsPerS = round(float64(o.N) / took.Seconds())
+	r.PeakRSSMB = peakRSS()
+	return r, nil
+}
+
+// startGap is the time between triggers in the start workload: 200 runs a
+// second, a light load, so each run's first step finds the worker waiting.
+const startGap = 5 * time.Millisecond
+
+// starts: N one-step runs triggered one at a time, one every startGap;
+// latency_ms is the trigger call → its step's handler starting, the time a
+// run takes to reach a waiting worker.
+func starts(ctx context.Context, o Options) (Result, error) {
+	var mu sync.Mutex
+	began := make(map[string]time.Time, o.N) // run id → handler start
+	e, err := start(ctx, o, func(_ context.Context, t *worker.Task) (any, error) {
+		now := time.Now()
+		mu.Lock()
+		began[t.RunID] = now
+		mu.Unlock()
+		return map[string]any{"ok": true}, nil
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	defer e.stop()
+	id, _, err := e.eng.ApplyWorkflow(ctx, []byte(`{"name": "bench-start", "tasks": {"job": {"task": {"type": "bench.noop.v1"}}}}`))
+	if err != nil {
+		return Result{}, err
+	}
+	e.startWorkers()
+	e.settings["trigger_clients"] = 1
+	e.settings["trigger_gap"] = startGap.String()
+	called := make(map[string]time.Time, o.N)
+	first := time.Now()
+	for i := range o.N {
+		next := first.Add(time.Duration(i) * startGap)
+		time.Sleep(time.Until(next)) // the arrival rate, not a synchronisation
+		t0 := time.Now()
+		runID, err := e.eng.Trigger(ctx, "bench-start", json.RawMessage(`{}`), "")
+		if err != nil {
+			return Result{}, err
+		}
+		called[runID] = t0
+	}
+	completed, err := e.waitDone(ctx, id, o.N, int64(o.N), o.Timeout)
+	if err != nil {
+		return Result{}, err
+	}
+	r := result("start", e, o)
+	mu.Lock()
+	lat := make([]float64, 0, len(called))
+	for run, t0 := range called {
+		if b, ok := began[run]; ok {
+			lat = append(lat, msBetween(t0, b))
+		}
+	}
+	mu.Unlock()
+	r.Completed, r.TotalS = completed, time.Since(first).Seconds()
+	r.UnitsPerS = round(float64(completed) / r.TotalS)
+	r.StepsPerS = r.UnitsPerS
+	r.LatencyMS = pct(lat)
 	r.PeakRSSMB = peakRSS()
 	return r, nil
 }

@@ -136,10 +136,10 @@ func (r *Runtime) process(ctx context.Context, it *store.QueueItem) {
 }
 
 // timerTx completes a sleep or a webhook wait whose time came.
-func (r *Runtime) timerTx(ctx context.Context, tx store.RunTx, it *store.QueueItem, from, to, event, msg string) error {
+func (r *Runtime) timerTx(ctx context.Context, tx store.RunTx, it *store.QueueItem, from, to, event, msg string, of *offer) error {
 	now := r.clk.Now()
 	s := tx.Step(it.Step)
-	ch := &changes{now: now, runID: it.RunID}
+	ch := &changes{now: now, runID: it.RunID, offer: of}
 	if s != nil && s.Status == from && !status.RunTerminal(tx.Run().Status) {
 		s.Status, s.Error, s.FinishedAt = to, msg, &now
 		ch.touch(s)
@@ -234,7 +234,8 @@ func (r *Runtime) runHTTP(ctx context.Context, it *store.QueueItem) error {
 		return ctx.Err()
 	}
 	now := r.clk.Now()
-	return r.st.InRun(ctx, it.RunID, now, func(tx store.RunTx) error {
+	of := r.newOffer()
+	err = r.st.InRun(ctx, it.RunID, now, func(tx store.RunTx) error {
 		if err := tx.Dequeue(it.ID, it.LeaseToken); err != nil {
 			return err
 		}
@@ -242,7 +243,7 @@ func (r *Runtime) runHTTP(ctx context.Context, it *store.QueueItem) error {
 		if s == nil || s.Status != status.StepRunning || status.RunTerminal(tx.Run().Status) {
 			return nil
 		}
-		ch := &changes{now: now, runID: it.RunID}
+		ch := &changes{now: now, runID: it.RunID, offer: of}
 		ch.touch(s)
 		s.Attempt = it.Attempt
 		durMS := res.Duration.Milliseconds()
@@ -276,6 +277,8 @@ func (r *Runtime) runHTTP(ctx context.Context, it *store.QueueItem) error {
 		}
 		return r.advance(ctx, tx, ch)
 	})
+	of.settle(err)
+	return err
 }
 
 func attemptError(res httpstep.Result) string {

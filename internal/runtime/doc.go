@@ -5,7 +5,9 @@
 // loops: the dispatcher claims due HTTP attempts, executes them and records
 // their outcome (dispatch.go), and the timer loop fires due timers (sleep
 // wake-ups, webhook timeouts, run expiry) in several transactions at once
-// (timers.go). Each sleeps until its earliest due item and is woken after
+// (timers.go). Tasks a write creates are leased in that write to claims
+// long-polling on this node (handoff.go). Each loop sleeps until its
+// earliest due item and is woken after
 // commits that queue earlier work, locally or from other nodes (Postgres
 // NOTIFY); a slow safety-net tick covers lost wake-ups.
 //

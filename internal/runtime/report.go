@@ -14,7 +14,7 @@ type reportReq struct {
 	ctx   context.Context
 	id    string
 	token string
-	fn    func(tx store.TaskTx) error
+	fn    func(tx store.TaskTx, of *offer) error
 	out   *store.Task
 	err   error
 	done  chan struct{}
@@ -27,7 +27,7 @@ func (q *reportReq) finish()                  { close(q.done) }
 // reportTask runs a worker's report under the task's lock after checking
 // the lease token (the fence against stale workers), in a batch with other
 // reports.
-func (r *Runtime) reportTask(ctx context.Context, id, token string, fn func(tx store.TaskTx) error) (*store.Task, error) {
+func (r *Runtime) reportTask(ctx context.Context, id, token string, fn func(tx store.TaskTx, of *offer) error) (*store.Task, error) {
 	q := &reportReq{ctx: ctx, id: id, token: token, fn: fn, done: make(chan struct{})}
 	if err := r.reports.do(q, q.done); err != nil {
 		return nil, err
@@ -84,6 +84,9 @@ func (r *Runtime) applyReports(batch []*reportReq) []*reportReq {
 			known[q.id] = run.(string)
 		}
 	}
+	// The tasks the reports start that their workers do not take go to
+	// claims waiting on this node.
+	of := r.newOffer()
 	errs, err := r.st.InTasks(context.Background(), ids, known, r.clk.Now(), func(i int, tx store.TaskTx) error {
 		q := batch[i]
 		t := tx.Task()
@@ -93,12 +96,13 @@ func (r *Runtime) applyReports(batch []*reportReq) []*reportReq {
 		if t.Status != status.TaskLeased {
 			return fmt.Errorf("task %s is %s: %w", q.id, t.Status, ErrTaskFinished)
 		}
-		if err := q.fn(tx); err != nil {
+		if err := q.fn(tx, of); err != nil {
 			return err
 		}
 		q.out = tx.Task()
 		return nil
 	})
+	of.settle(err)
 	var retry []*reportReq
 	for i, q := range batch {
 		switch {

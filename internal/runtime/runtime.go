@@ -83,6 +83,9 @@ type Runtime struct {
 
 	taskMu  sync.Mutex
 	taskSig chan struct{} // closed and replaced when tasks may have become claimable
+	// waiting are the claims long-polling on this node, to which writes
+	// hand the tasks they create (handoff.go).
+	waiting waiters
 
 	timers *timerLoop
 	// yield is held while late timers are being written: trigger batches
@@ -154,6 +157,7 @@ func New(cfg Config) *Runtime {
 // tasks became claimable, the dispatcher when an item is due before it
 // would look anyway. Wake-ups follow commits, so nothing is missed.
 func (r *Runtime) committed(c store.Committed) {
+	r.waiting.committed(c.Leased)
 	if c.Tasks {
 		r.tasksReady()
 	}
@@ -430,7 +434,7 @@ func (r *Runtime) triggerBatch(ctx context.Context, wf *store.Workflow, reqs []T
 		for j, i := range todo {
 			batch[j] = nrs[i]
 		}
-		res, err := r.st.CreateRuns(ctx, batch, now)
+		res, err := r.createRuns(ctx, batch, now)
 		if err != nil {
 			return nil, err
 		}
@@ -457,6 +461,26 @@ func (r *Runtime) triggerBatch(ctx context.Context, wf *store.Workflow, reqs []T
 	return out, nil
 }
 
+// createRuns writes new runs, their first tasks handed to claims waiting
+// on this node. A run not created (an idempotency key naming another run)
+// keeps its tasks pending for a later attempt.
+func (r *Runtime) createRuns(ctx context.Context, nrs []*store.NewRun, now time.Time) ([]store.CreateResult, error) {
+	of := r.newOffer()
+	for _, nr := range nrs {
+		for _, t := range nr.Tasks {
+			of.take(ctx, t, now)
+		}
+	}
+	if len(of.held) > 0 {
+		// A waiting claim's tasks ride on this write: the caller going
+		// away must not cut it short after COMMIT was sent.
+		ctx = context.WithoutCancel(ctx)
+	}
+	res, err := r.st.CreateRuns(ctx, nrs, now)
+	of.settle(err)
+	return res, err
+}
+
 type triggerReq struct {
 	ctx     context.Context
 	nr      *store.NewRun
@@ -477,7 +501,7 @@ func (r *Runtime) applyTriggers(batch []*triggerReq) []*triggerReq {
 	for i, q := range batch {
 		nrs[i] = q.nr
 	}
-	res, err := r.st.CreateRuns(context.Background(), nrs, r.clk.Now())
+	res, err := r.createRuns(context.Background(), nrs, r.clk.Now())
 	var retry []*triggerReq
 	for i, q := range batch {
 		switch {
@@ -508,6 +532,7 @@ type changes struct {
 	// has no unfinished task: a task step finishes with its task.
 	stopped bool
 	eager   *eagerClaim // a completing worker takes the tasks it starts
+	offer   *offer      // claims waiting on this node take the others
 }
 
 func (c *changes) touch(s *store.StepRun) {
@@ -654,6 +679,7 @@ func (r *Runtime) flush(ctx context.Context, tx store.RunTx, run *store.Run, ch 
 			if ch.eager != nil {
 				r.take(ctx, ch.eager, t, ch.now)
 			}
+			ch.offer.take(ctx, t, ch.now)
 			if err := tx.CreateTask(t); err != nil {
 				return err
 			}
@@ -712,7 +738,8 @@ func (r *Runtime) DeliverWebhook(ctx context.Context, token string, payload []by
 		payload = []byte("null")
 	}
 	now := r.clk.Now()
-	return r.st.InRun(ctx, runID, now, func(tx store.RunTx) error {
+	of := r.newOffer()
+	err = r.st.InRun(ctx, runID, now, func(tx store.RunTx) error {
 		run := tx.Run()
 		s := tx.Step(name)
 		if s == nil {
@@ -727,7 +754,7 @@ func (r *Runtime) DeliverWebhook(ctx context.Context, token string, payload []by
 		if status.RunTerminal(run.Status) {
 			return fmt.Errorf("run %s is %s: %w", runID, run.Status, ErrRunFinished)
 		}
-		ch := &changes{now: now, runID: runID}
+		ch := &changes{now: now, runID: runID, offer: of}
 		s.Body, s.Headers = payload, headers
 		ch.touch(s)
 		ch.events = append(ch.events, store.NewEvent{Type: "webhook_received", Step: name})
@@ -737,6 +764,8 @@ func (r *Runtime) DeliverWebhook(ctx context.Context, token string, payload []by
 		}
 		return r.advance(ctx, tx, ch)
 	})
+	of.settle(err)
+	return err
 }
 
 func jitter() float64 { return mrand.Float64() }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -197,8 +198,10 @@ func CheckClaim(req *ClaimRequest) *FieldError {
 }
 
 // ClaimTasks leases ready tasks, waiting up to req.Wait for some to become
-// ready: a new task wakes the wait at once (locally, or through Postgres
-// NOTIFY), and a task whose run_at or lease end comes due wakes it on time.
+// ready: a write on this node hands the tasks it creates to the waiting
+// claim directly (handoff.go); a new task elsewhere wakes the wait at once
+// (Postgres NOTIFY), and a task whose run_at or lease end comes due wakes
+// it on time.
 func (r *Runtime) ClaimTasks(ctx context.Context, req ClaimRequest) ([]*store.Task, error) {
 	if req.Max <= 0 {
 		req.Max = 1
@@ -226,20 +229,39 @@ func (r *Runtime) ClaimTasks(ctx context.Context, req ClaimRequest) ([]*store.Ta
 				sleep = max(d, time.Millisecond)
 			}
 		}
+		w := r.waiting.wait(req) // before the timer: tests take a timer as the sign of a waiting claim
 		t := r.clk.NewTimer(sleep)
+		var stop error
 		select {
 		case <-ctx.Done():
-			t.Stop()
-			return nil, ctx.Err()
+			stop = ctx.Err()
 		case <-r.draining:
-			t.Stop()
-			return nil, nil
+			stop = errDraining
+		case <-w.ready:
 		case <-sig:
 		case <-t.C():
 		}
 		t.Stop()
+		if got := r.waiting.leave(w); len(got) > 0 {
+			if stop != nil && stop != errDraining {
+				// Handed over as the caller went away.
+				r.ReleaseTasks(context.WithoutCancel(ctx), got)
+				return nil, stop
+			}
+			r.handedOut(got)
+			return got, nil
+		}
+		switch {
+		case stop == errDraining:
+			return nil, nil
+		case stop != nil:
+			return nil, stop
+		}
 	}
 }
+
+// errDraining ends a waiting claim when the server stops.
+var errDraining = errors.New("draining")
 
 // Drain ends every waiting claim with an empty answer, so a server can shut
 // down without holding workers' long-polls open.
@@ -249,6 +271,12 @@ func (r *Runtime) Drain() { r.drainOnce.Do(func() { close(r.draining) }) }
 // hung up during the long-poll): they become pending again and the attempt
 // is not counted.
 func (r *Runtime) ReleaseTasks(ctx context.Context, ts []*store.Task) {
+	r.release(ctx, ts, "the claiming worker disconnected before receiving the task")
+}
+
+// release makes tasks leased with the given tokens pending again, the
+// attempt not counted; a task that is gone or leased anew is left alone.
+func (r *Runtime) release(ctx context.Context, ts []*store.Task, reason string) {
 	for _, t := range ts {
 		err := r.st.InTask(ctx, t.ID, r.clk.Now(), func(tx store.TaskTx) error {
 			k := tx.Task()
@@ -259,9 +287,9 @@ func (r *Runtime) ReleaseTasks(ctx context.Context, ts []*store.Task) {
 			if err := tx.UpdateTask(k); err != nil {
 				return err
 			}
-			return tx.AppendTask(store.NewEvent{Type: "released", Data: map[string]any{"reason": "the claiming worker disconnected before receiving the task"}})
+			return tx.AppendTask(store.NewEvent{Type: "released", Data: map[string]any{"reason": reason}})
 		})
-		if err != nil {
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			r.log.Warn("releasing undelivered task failed", "task_id", t.ID, "err", err)
 		}
 	}
@@ -282,7 +310,7 @@ func (r *Runtime) dropExhausted(ctx context.Context, ts []*store.Task) []*store.
 			if k.LeaseToken != t.LeaseToken {
 				return nil
 			}
-			return r.finishTask(ctx, tx, status.TaskFailed, nil, "lease expired on the final attempt; the worker never reported", nil)
+			return r.finishTask(ctx, tx, status.TaskFailed, nil, "lease expired on the final attempt; the worker never reported", nil, nil)
 		})
 		if err != nil {
 			r.log.Error("failing exhausted task", "task_id", t.ID, "err", err)
@@ -315,7 +343,7 @@ func (r *Runtime) failExhaustedLeases(ctx context.Context) {
 			if err := tx.AppendTask(store.NewEvent{Type: "lease_expired", Data: map[string]any{"attempt": k.Attempt}}); err != nil {
 				return err
 			}
-			return r.finishTask(ctx, tx, status.TaskFailed, nil, "lease expired on the final attempt; the worker never reported", nil)
+			return r.finishTask(ctx, tx, status.TaskFailed, nil, "lease expired on the final attempt; the worker never reported", nil, nil)
 		})
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("failing exhausted task", "task_id", t.ID, "err", err)
@@ -372,8 +400,8 @@ func (r *Runtime) CompleteTask(ctx context.Context, id, token string, result jso
 	if len(result) == 0 {
 		result = json.RawMessage("null")
 	}
-	return r.reportTask(ctx, id, token, func(tx store.TaskTx) error {
-		return r.finishTask(ctx, tx, status.TaskSucceeded, result, "", nil)
+	return r.reportTask(ctx, id, token, func(tx store.TaskTx, of *offer) error {
+		return r.finishTask(ctx, tx, status.TaskSucceeded, result, "", nil, of)
 	})
 }
 
@@ -391,13 +419,16 @@ func (r *Runtime) CompleteTaskAndClaim(ctx context.Context, id, token string, re
 		next.Lease = 30 * time.Second
 	}
 	e := &eagerClaim{req: next}
-	out, err := r.reportTask(ctx, id, token, func(tx store.TaskTx) error {
+	out, err := r.reportTask(ctx, id, token, func(tx store.TaskTx, of *offer) error {
 		e.taken = e.taken[:0] // a retried batch starts over
-		return r.finishTask(ctx, tx, status.TaskSucceeded, result, "", e)
+		return r.finishTask(ctx, tx, status.TaskSucceeded, result, "", e, of)
 	})
 	if err != nil {
 		return nil, nil, err
 	}
+	// A task the same commit cancelled (a later report of the batch ended
+	// its run) is not handed over; the store marks it so.
+	e.taken = slices.DeleteFunc(e.taken, func(t *store.Task) bool { return t.Status != status.TaskLeased })
 	r.handedOut(e.taken)
 	return out, e.taken, nil
 }
@@ -448,11 +479,11 @@ func (r *Runtime) FailTask(ctx context.Context, id, token, msg string, retryable
 	if msg == "" {
 		msg = "worker reported failure"
 	}
-	return r.reportTask(ctx, id, token, func(tx store.TaskTx) error {
+	return r.reportTask(ctx, id, token, func(tx store.TaskTx, of *offer) error {
 		t := tx.Task()
 		maxAttempts, base := r.TaskDefaults(ctx, t)
 		if !retryable || t.Attempt >= maxAttempts {
-			return r.finishTask(ctx, tx, status.TaskFailed, nil, msg, nil)
+			return r.finishTask(ctx, tx, status.TaskFailed, nil, msg, nil, of)
 		}
 		delay := TaskBackoff(t.Attempt, base, jitter)
 		// Microseconds, as stored, so the task returned equals the task read back.
@@ -478,7 +509,7 @@ func (r *Runtime) FailTask(ctx context.Context, id, token, msg string, retryable
 
 // finishTask moves a task to a terminal status and, for a workflow step,
 // records the step's outcome and advances the run.
-func (r *Runtime) finishTask(ctx context.Context, tx store.TaskTx, final string, result json.RawMessage, msg string, eager *eagerClaim) error {
+func (r *Runtime) finishTask(ctx context.Context, tx store.TaskTx, final string, result json.RawMessage, msg string, eager *eagerClaim, of *offer) error {
 	now := tx.Now()
 	t := tx.Task()
 	t.Status, t.Result, t.LastError, t.FinishedAt = final, result, msg, &now
@@ -505,7 +536,7 @@ func (r *Runtime) finishTask(ctx context.Context, tx store.TaskTx, final string,
 	if s == nil || s.Status != status.StepRunning || status.RunTerminal(run.Run().Status) {
 		return nil
 	}
-	ch := &changes{now: now, runID: run.Run().ID, eager: eager}
+	ch := &changes{now: now, runID: run.Run().ID, eager: eager, offer: of}
 	ch.touch(s)
 	s.Attempt, s.FinishedAt = t.Attempt, &now
 	switch final {
@@ -533,7 +564,7 @@ func (r *Runtime) CancelTask(ctx context.Context, id string) (*store.Task, error
 			return fmt.Errorf("task %s is %s: %w", id, t.Status, ErrTaskFinished)
 		}
 		t.CancelRequested = true
-		if err := r.finishTask(ctx, tx, status.TaskCancelled, nil, "task cancelled", nil); err != nil {
+		if err := r.finishTask(ctx, tx, status.TaskCancelled, nil, "task cancelled", nil, nil); err != nil {
 			return err
 		}
 		out = tx.Task()

@@ -313,18 +313,20 @@ func (r *Runtime) fireTimers(ctx context.Context, runs []string) bool {
 	// held for a lease.
 	wctx := context.WithoutCancel(ctx)
 	var expired []string
+	of := r.newOffer() // the steps that follow go to waiting claims
 	_, errs, err := r.st.FireTimers(ctx, runs, r.clk.Now(), r.cfg.Lease, func(it *store.QueueItem, tx store.RunTx) error {
 		switch it.Kind {
 		case store.KindWake:
-			return r.timerTx(wctx, tx, it, status.StepSleeping, status.StepSuccess, "step_succeeded", "")
+			return r.timerTx(wctx, tx, it, status.StepSleeping, status.StepSuccess, "step_succeeded", "", of)
 		case store.KindWaitTimeout:
-			return r.timerTx(wctx, tx, it, status.StepWaiting, status.StepTimeout, "step_timeout", "no callback before the timeout")
+			return r.timerTx(wctx, tx, it, status.StepWaiting, status.StepTimeout, "step_timeout", "no callback before the timeout", of)
 		case store.KindRunExpire:
 			expired = append(expired, it.RunID)
 			return r.expireTx(wctx, tx)
 		}
 		return fmt.Errorf("unknown queue item kind %q", it.Kind)
 	})
+	of.settle(err)
 	if err != nil {
 		if ctx.Err() == nil {
 			r.log.Error("firing due timers failed; their runs are retried later, one per transaction", "err", err, "runs", len(runs))

@@ -168,6 +168,10 @@ type Task struct {
 	CreatedAt       time.Time
 	UpdatedAt       time.Time
 	FinishedAt      *time.Time
+	// ToWaitingClaim: created leased to a claim waiting on the server
+	// rather than to the worker whose completion started it (the claimed
+	// event says which). Not stored.
+	ToWaitingClaim bool
 }
 
 // TaskType is a registry entry: defaults for a versioned task type and
@@ -338,6 +342,9 @@ type Committed struct {
 	HTTPDue  time.Time
 	TimerDue time.Time
 	Tasks    bool
+	// Leased are the lease tokens of the tasks the write created already
+	// leased (handed to a worker in the same transaction).
+	Leased []string
 }
 
 // Notifier is an optional capability: a store that can tell other nodes that

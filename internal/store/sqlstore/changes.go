@@ -143,7 +143,12 @@ func (c *changeset) addTask(t *store.Task, now time.Time) {
 	c.newTasks = append(c.newTasks, t)
 	c.events = append(c.events, eventRow{owner: t.ID, seq: 1, typ: "created", data: createdData(t), at: ts(now)})
 	if createdLeased(t) {
-		c.events = append(c.events, eventRow{owner: t.ID, seq: 2, typ: "claimed", data: mustJSON(map[string]any{"worker_id": t.LeasedBy, "attempt": t.Attempt, "lease_until": t.LeaseUntil.UTC(), "eager": true}), at: ts(now)})
+		c.note.c.Leased = append(c.note.c.Leased, t.LeaseToken)
+		how := "eager" // taken by the worker whose completion started it
+		if t.ToWaitingClaim {
+			how = "waiting_claim"
+		}
+		c.events = append(c.events, eventRow{owner: t.ID, seq: 2, typ: "claimed", data: mustJSON(map[string]any{"worker_id": t.LeasedBy, "attempt": t.Attempt, "lease_until": t.LeaseUntil.UTC(), how: true}), at: ts(now)})
 	}
 }
 
@@ -607,6 +612,7 @@ func (s *Store) cancelTasks(ctx context.Context, tx querier, c *changeset) error
 	}
 	defer rows.Close()
 	data := mustJSON(map[string]any{"reason": "run cancelled"})
+	var cancelled map[string]bool
 	for rows.Next() {
 		var id string
 		var seq int64
@@ -614,8 +620,36 @@ func (s *Store) cancelTasks(ctx context.Context, tx querier, c *changeset) error
 			return err
 		}
 		c.events = append(c.events, eventRow{owner: id, seq: seq, typ: "cancelled", data: data, at: ts(c.cancel[0].now)})
+		if cancelled == nil {
+			cancelled = map[string]bool{}
+		}
+		cancelled[id] = true
 	}
-	return rows.Err()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	c.unlease(cancelled, c.cancel[0].now)
+	return nil
+}
+
+// unlease takes the tasks this changeset created leased and then cancelled
+// (a later request of the batch ended their run) out of what its commit
+// hands over: their objects say cancelled, and their tokens leave
+// note.Leased, so no worker is given a task of a run that ended.
+func (c *changeset) unlease(cancelled map[string]bool, now time.Time) {
+	if len(cancelled) == 0 || len(c.note.c.Leased) == 0 {
+		return
+	}
+	gone := map[string]bool{}
+	for _, t := range c.newTasks {
+		if cancelled[t.ID] && createdLeased(t) {
+			gone[t.LeaseToken] = true
+			t.Status, t.CancelRequested, t.FinishedAt, t.UpdatedAt = status.TaskCancelled, true, &now, now
+		}
+	}
+	if len(gone) > 0 {
+		c.note.c.Leased = slices.DeleteFunc(c.note.c.Leased, func(tok string) bool { return gone[tok] })
+	}
 }
 
 func placeholders(n int) string {

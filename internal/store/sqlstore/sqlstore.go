@@ -98,6 +98,7 @@ func (n *note) merge(o note) {
 		n.queued(store.KindWake, o.c.TimerDue)
 	}
 	n.c.Tasks = n.c.Tasks || o.c.Tasks
+	n.c.Leased = append(n.c.Leased, o.c.Leased...)
 }
 
 // committed tells the hook about a write that has committed, and keeps
@@ -108,7 +109,7 @@ func (s *Store) committed(cs *changeset) {
 	}
 	s.grew(len(cs.newRuns) + len(cs.newSteps) + len(cs.newTasks) + len(cs.events))
 	n := &cs.note
-	if n.c.HTTPDue.IsZero() && n.c.TimerDue.IsZero() && !n.c.Tasks {
+	if n.c.HTTPDue.IsZero() && n.c.TimerDue.IsZero() && !n.c.Tasks && len(n.c.Leased) == 0 {
 		return
 	}
 	if fn := s.hook.Load(); fn != nil {

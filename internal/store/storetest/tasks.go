@@ -37,6 +37,7 @@ var taskTests = []test{
 	{"UpdateTaskRoundTrip", testUpdateTaskRoundTrip},
 	{"AppendTaskContinuesSeq", testAppendTaskSeq},
 	{"CancelTasksOnlyThatRun", testCancelTasks},
+	{"CreatedLeasedThenCancelledNotReported", testCreatedLeasedThenCancelled},
 	{"TaskTypes", testTaskTypes},
 }
 
@@ -1137,5 +1138,46 @@ func testInTasksKnownRuns(t *testing.T, s store.Store) {
 	}
 	if got := getTask(t, s, k2.ID); got.Status != status.TaskLeased {
 		t.Errorf("refused task %s, want still leased", got.Status)
+	}
+}
+
+// testCreatedLeasedThenCancelled: a task created leased (handed to a
+// worker in its transaction) and cancelled by the same transaction is not
+// reported as committed leased, and its object says cancelled; one that
+// stays leased is reported.
+func testCreatedLeasedThenCancelled(t *testing.T, s store.Store) {
+	var mu sync.Mutex
+	var leased []string
+	s.OnCommit(func(c store.Committed) {
+		mu.Lock()
+		leased = append(leased, c.Leased...)
+		mu.Unlock()
+	})
+	wf := mkWorkflow(t, s, "wf")
+	r1 := mkSimpleRun(t, s, wf)
+	r2 := mkSimpleRun(t, s, wf)
+	mk := func(tok string) *store.Task {
+		return &store.Task{Type: "x.y.v1", Payload: json.RawMessage(`{}`), Status: status.TaskLeased, Attempt: 1, LeasedBy: "w",
+			LeaseToken: tok, LeaseUntil: ptr(at(time.Hour)), Priority: 100, RunAt: t0, Step: "a"}
+	}
+	gone, kept := mk("tok-gone"), mk("tok-kept")
+	inRun(t, s, r1.ID, t0, func(tx store.RunTx) error {
+		if err := tx.CreateTask(gone); err != nil {
+			return err
+		}
+		return tx.CancelTasks()
+	})
+	inRun(t, s, r2.ID, t0, func(tx store.RunTx) error { return tx.CreateTask(kept) })
+	mu.Lock()
+	got := slices.Clone(leased)
+	mu.Unlock()
+	if !slices.Equal(got, []string{"tok-kept"}) {
+		t.Errorf("committed leased tokens = %v, want [tok-kept]", got)
+	}
+	if gone.Status != status.TaskCancelled || kept.Status != status.TaskLeased {
+		t.Errorf("objects after commit: cancelled one %s, kept one %s", gone.Status, kept.Status)
+	}
+	if k := getTask(t, s, gone.ID); k.Status != status.TaskCancelled {
+		t.Errorf("stored task created leased then cancelled = %s", k.Status)
 	}
 }

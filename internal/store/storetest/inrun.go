@@ -17,6 +17,7 @@ var inRunTests = []test{
 	{"UpdateStepRoundTripsEveryColumn", testUpdateStepRoundTrip},
 	{"UpdateStepUnknownIsNotFound", testUpdateStepUnknown},
 	{"UpdateRun", testUpdateRun},
+	{"UpdateRunEachColumnAlone", testUpdateRunEachColumn},
 	{"AppendContinuesSeq", testAppendContinuesSeq},
 	{"ErrorRollsBackEverything", testInRunRollback},
 	{"SerialisesConcurrentCallers", testInRunSerialises},
@@ -292,5 +293,47 @@ func testInRunSerialises(t *testing.T, s store.Store) {
 		if d.Attempt != i+1 {
 			t.Errorf("event %d recorded attempt %d, want %d", e.Seq, d.Attempt, i+1)
 		}
+	}
+}
+
+// testUpdateRunEachColumn: a write that leaves a run's status as it was
+// still records its time and events, and a change of the error alone or
+// of the finish time alone is written (a store may write a run whose
+// status, error and finish are unchanged in a cheaper form).
+func testUpdateRunEachColumn(t *testing.T, s store.Store) {
+	wf := mkWorkflow(t, s, "wf")
+	r := mkSimpleRun(t, s, wf)
+	now := at(time.Minute)
+	inRun(t, s, r.ID, now, func(tx store.RunTx) error {
+		u := *tx.Run()
+		if err := tx.UpdateRun(&u); err != nil {
+			return err
+		}
+		return tx.Append(store.NewEvent{Type: "noted"})
+	})
+	got, _ := getRun(t, s, r.ID)
+	if got.Status != r.Status || !got.UpdatedAt.Equal(now) || got.Error != "" || got.FinishedAt != nil {
+		t.Fatalf("run after an unchanged UpdateRun = {Status:%s UpdatedAt:%v Error:%q FinishedAt:%v}, want status %s at %v",
+			got.Status, got.UpdatedAt, got.Error, got.FinishedAt, r.Status, now)
+	}
+	if evs := events(t, s, r.ID); len(evs) == 0 || evs[len(evs)-1].Type != "noted" {
+		t.Fatalf("events after an unchanged UpdateRun: %v", evs)
+	}
+	inRun(t, s, r.ID, now.Add(time.Second), func(tx store.RunTx) error {
+		u := *tx.Run()
+		u.Error = "only the error"
+		return tx.UpdateRun(&u)
+	})
+	if got, _ := getRun(t, s, r.ID); got.Error != "only the error" || got.Status != r.Status {
+		t.Fatalf("run after changing its error alone = {Status:%s Error:%q}", got.Status, got.Error)
+	}
+	done := at(2 * time.Minute)
+	inRun(t, s, r.ID, now.Add(2*time.Second), func(tx store.RunTx) error {
+		u := *tx.Run()
+		u.FinishedAt = &done
+		return tx.UpdateRun(&u)
+	})
+	if got, _ := getRun(t, s, r.ID); got.FinishedAt == nil || !got.FinishedAt.Equal(done) || !got.UpdatedAt.Equal(now.Add(2*time.Second)) {
+		t.Fatalf("run after changing its finish alone = {FinishedAt:%v UpdatedAt:%v}", got.FinishedAt, got.UpdatedAt)
 	}
 }

@@ -45,6 +45,10 @@ type waiters struct {
 	seen atomic.Int32 // entries in lent: commits skip the lookups when zero
 }
 
+// WaitingClaims is the number of claims long-polling on this node that a
+// write could hand tasks to now.
+func (r *Runtime) WaitingClaims() int { return int(r.waiting.n.Load()) }
+
 // wait registers a claim that found nothing.
 func (ws *waiters) wait(req ClaimRequest) *waiter {
 	w := &waiter{claim: eagerClaim{req: req}, ready: make(chan struct{})}

@@ -19,29 +19,30 @@ type claimResult struct {
 	err error
 }
 
-// waitingClaim starts a claim that long-polls for wait (a duration no
-// other timer of the test uses) and returns once it is waiting: the claim
-// registers before it starts its timer.
+// waitingClaim starts a claim that long-polls for wait and returns once it
+// is waiting (with its timer started).
 func (e *env) waitingClaim(t *testing.T, ctx context.Context, wait time.Duration, types ...string) <-chan claimResult {
 	t.Helper()
+	n := e.rt.WaitingClaims()
 	done := make(chan claimResult, 1)
 	go func() {
 		ts, err := e.rt.ClaimTasks(ctx, runtime.ClaimRequest{Types: types, WorkerID: "waiter", Lease: time.Minute, Max: 5, Wait: wait})
 		done <- claimResult{ts, err}
 	}()
-	e.waitForTimer(t, wait)
+	e.waitForClaims(t, n+1)
 	return done
 }
 
-// waitForTimer waits until the runtime starts a timer of d.
-func (e *env) waitForTimer(t *testing.T, d time.Duration) {
+// waitForClaims waits (in real time, bounded) until n claims are waiting.
+func (e *env) waitForClaims(t *testing.T, n int) {
 	t.Helper()
-	for range 20 {
-		if e.clk.waitTimer(t) == d {
-			return
+	deadline := time.Now().Add(10 * time.Second)
+	for e.rt.WaitingClaims() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d claims waiting after 10s, want %d", e.rt.WaitingClaims(), n)
 		}
+		time.Sleep(time.Millisecond)
 	}
-	t.Fatalf("no timer of %v started", d)
 }
 
 // recvClaim waits (bounded, in real time) for the claim's answer.
@@ -170,7 +171,7 @@ func TestHandoffNotWhatTheCommitCancels(t *testing.T) {
 		_, steps := e.run(t, r.ID)
 		// The write that reserved the claim settled with nothing for it:
 		// it waits again, for the rest of its wait, then ends.
-		e.waitForTimer(t, 4*time.Second)
+		e.waitForClaims(t, 1)
 		e.clk.Advance(4 * time.Second)
 		if got := recvClaim(t, done); got.err != nil || len(got.ts) != 0 {
 			t.Fatalf("claim = %+v, %v; want nothing: the run ended in the commit that created its task", got.ts, got.err)

@@ -229,8 +229,8 @@ func (r *Runtime) ClaimTasks(ctx context.Context, req ClaimRequest) ([]*store.Ta
 				sleep = max(d, time.Millisecond)
 			}
 		}
-		w := r.waiting.wait(req) // before the timer: tests take a timer as the sign of a waiting claim
 		t := r.clk.NewTimer(sleep)
+		w := r.waiting.wait(req) // after the timer: a waiting claim (WaitingClaims) has its timer
 		var stop error
 		select {
 		case <-ctx.Done():

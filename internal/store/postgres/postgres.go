@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,6 +35,10 @@ type Store struct {
 	*sqlstore.Store
 	dsn  string
 	node string // this server's NOTIFY payload, so it ignores its own
+	// scope is the schema Ferry's tables are in: the NOTIFY channel is
+	// the database's, and servers of another deployment (another schema)
+	// must not be woken by this one's commits.
+	scope string
 
 	local     atomic.Pointer[func(store.Committed)]
 	pub       chan struct{}
@@ -93,7 +98,12 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 		Pipeline:   pipeline,
 	}, db, rdb)
 	s.EnableVersionCache()
-	st := &Store{Store: s, dsn: dsn, node: rand.Text(), pub: make(chan struct{}, 1), stop: make(chan struct{})}
+	var scope string
+	if err := db.QueryRowContext(ctx, "SELECT COALESCE(current_schema(), '')").Scan(&scope); err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	st := &Store{Store: s, dsn: dsn, node: rand.Text(), scope: scope, pub: make(chan struct{}, 1), stop: make(chan struct{})}
 	st.pubDone.Add(1)
 	go st.publish()
 	st.Store.OnCommit(st.committed)
@@ -127,7 +137,7 @@ func (s *Store) publish() {
 		case <-s.pub:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if _, err := s.DB().ExecContext(ctx, "SELECT pg_notify($1, $2)", channel, s.node); err != nil {
+		if _, err := s.DB().ExecContext(ctx, "SELECT pg_notify($1, $2)", channel, s.node+":"+s.scope); err != nil {
 			slog.Warn("postgres notify failed; other nodes wake at their next sweep", "err", err)
 		}
 		cancel()
@@ -207,8 +217,9 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
 		if err != nil {
 			return err
 		}
-		if n.Payload == s.node {
-			continue // this node woke itself already
+		node, scope, _ := strings.Cut(n.Payload, ":") // a node id has no ':'
+		if node == s.node || scope != s.scope {
+			continue // this node woke itself already, or another deployment's
 		}
 		select {
 		case ch <- struct{}{}:

@@ -154,18 +154,31 @@ func TestConcurrentMigrate(t *testing.T) {
 	}
 }
 
-// TestWakeups checks that CreateRun with queue items on one node wakes
-// another node's listener, and tells the committing node's own hook.
-func TestWakeups(t *testing.T) {
-	// A unique application_name identifies our LISTEN connection in
-	// pg_stat_activity.
-	app := "ferry_wakeups_" + strings.ToLower(rand.Text())
-	dsn := withParam(t, pgtest.DSN(t), "application_name", app)
+// migrated opens a store on dsn with its tables.
+func migrated(t *testing.T, dsn string) *postgres.Store {
+	t.Helper()
 	s := openDSN(t, dsn)
 	if err := s.Migrate(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+	return s
+}
 
+// listeningNode is a node of a deployment in a fresh schema, listening for
+// wake-ups; other nodes of it open dsn.
+func listeningNode(t *testing.T) (dsn string, wake <-chan struct{}) {
+	t.Helper()
+	// A unique application_name identifies the LISTEN connection in
+	// pg_stat_activity.
+	app := "ferry_wakeups_" + strings.ToLower(rand.Text())
+	dsn = withParam(t, pgtest.DSN(t), "application_name", app)
+	return dsn, listening(t, migrated(t, dsn), app)
+}
+
+// listening starts s's Wakeups and returns once its connection (named
+// app) has run LISTEN: NOTIFY reaches only sessions already listening.
+func listening(t *testing.T, s *postgres.Store, app string) <-chan struct{} {
+	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	wake := s.Wakeups(ctx)
 	t.Cleanup(func() {
@@ -174,9 +187,6 @@ func TestWakeups(t *testing.T) {
 		for range wake {
 		}
 	})
-
-	// NOTIFY reaches only sessions that already LISTEN: wait until the
-	// listener's connection has run LISTEN and gone idle.
 	deadline := time.Now().Add(15 * time.Second)
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
@@ -199,6 +209,54 @@ func TestWakeups(t *testing.T) {
 	case <-wake:
 	default:
 	}
+	return wake
+}
+
+// enqueue commits a run with an HTTP attempt due now on s and returns
+// its due time.
+func enqueue(t *testing.T, s *postgres.Store) time.Time {
+	t.Helper()
+	wf, err := s.CreateWorkflow(t.Context(), &store.Workflow{Name: "wf-" + strings.ToLower(rand.Text()[:8]), Fingerprint: "f", Definition: json.RawMessage(`{}`), Enabled: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	_, created, err := s.CreateRun(t.Context(), &store.NewRun{
+		Run: store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`),
+			ExpiresAt: now.Add(time.Hour), StartedAt: now},
+		Queue: []store.QueueItem{{Kind: store.KindHTTP, Step: "a", DueAt: now}},
+	}, now)
+	if err != nil || !created {
+		t.Fatalf("CreateRun: created=%v err=%v", created, err)
+	}
+	return now
+}
+
+// TestWakeupsOnlyOwnSchema: the NOTIFY channel is the database's, but a
+// commit of a deployment in another schema does not wake this one, while
+// another node of this one does.
+func TestWakeupsOnlyOwnSchema(t *testing.T) {
+	dsn, wake := listeningNode(t)
+	enqueue(t, migrated(t, pgtest.DSN(t))) // another deployment, in its own schema
+	// A bounded window for what must not happen.
+	select {
+	case <-wake:
+		t.Fatal("a commit in another schema woke this deployment")
+	case <-time.After(300 * time.Millisecond):
+	}
+
+	enqueue(t, openDSN(t, dsn))
+	select {
+	case <-wake:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no wake-up within 10s of another node of this schema enqueueing")
+	}
+}
+
+// TestWakeups checks that CreateRun with queue items on one node wakes
+// another node's listener, and tells the committing node's own hook.
+func TestWakeups(t *testing.T) {
+	dsn, wake := listeningNode(t)
 
 	// The writer is another node on the same database.
 	other := openDSN(t, dsn)
@@ -209,19 +267,7 @@ func TestWakeups(t *testing.T) {
 		default:
 		}
 	})
-	wf, err := other.CreateWorkflow(t.Context(), &store.Workflow{Name: "wf", Fingerprint: "f", Definition: json.RawMessage(`{}`), Enabled: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	_, created, err := other.CreateRun(t.Context(), &store.NewRun{
-		Run: store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`),
-			ExpiresAt: now.Add(time.Hour), StartedAt: now},
-		Queue: []store.QueueItem{{Kind: store.KindHTTP, Step: "a", DueAt: now}},
-	}, now)
-	if err != nil || !created {
-		t.Fatalf("CreateRun: created=%v err=%v", created, err)
-	}
+	now := enqueue(t, other)
 
 	select {
 	case _, ok := <-wake:

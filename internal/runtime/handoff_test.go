@@ -20,7 +20,7 @@ type claimResult struct {
 }
 
 // waitingClaim starts a claim that long-polls for wait and returns once it
-// is waiting (with its timer started).
+// is waiting (writes can hand it tasks; its timer may start a little later).
 func (e *env) waitingClaim(t *testing.T, ctx context.Context, wait time.Duration, types ...string) <-chan claimResult {
 	t.Helper()
 	n := e.rt.WaitingClaims()
@@ -170,8 +170,14 @@ func TestHandoffNotWhatTheCommitCancels(t *testing.T) {
 		}
 		_, steps := e.run(t, r.ID)
 		// The write that reserved the claim settled with nothing for it:
-		// it waits again, for the rest of its wait, then ends.
+		// it waits again, for the rest of its wait (a timer of 4s), then
+		// ends.
 		e.waitForClaims(t, 1)
+		for i := 0; e.clk.waitTimer(t) != 4*time.Second; i++ {
+			if i == 50 {
+				t.Fatal("the claim did not wait again for the rest of its wait (4s)")
+			}
+		}
 		e.clk.Advance(4 * time.Second)
 		if got := recvClaim(t, done); got.err != nil || len(got.ts) != 0 {
 			t.Fatalf("claim = %+v, %v; want nothing: the run ended in the commit that created its task", got.ts, got.err)

@@ -223,6 +223,9 @@ func (r *Runtime) ClaimTasks(ctx context.Context, req ClaimRequest) ([]*store.Ta
 			r.handedOut(got)
 			return got, nil
 		}
+		// Writes may hand tasks to the claim from here on: the sooner,
+		// the fewer triggers find no claim waiting.
+		w := r.waiting.wait(req)
 		sleep := deadline.Sub(now)
 		if next, ok, err := r.st.NextTaskDue(ctx, req.Types, now); err == nil && ok {
 			if d := next.Sub(now); d < sleep {
@@ -230,7 +233,6 @@ func (r *Runtime) ClaimTasks(ctx context.Context, req ClaimRequest) ([]*store.Ta
 			}
 		}
 		t := r.clk.NewTimer(sleep)
-		w := r.waiting.wait(req) // after the timer: a waiting claim (WaitingClaims) has its timer
 		var stop error
 		select {
 		case <-ctx.Done():

@@ -123,3 +123,48 @@ func TestVersionCacheReadsTheRunRow(t *testing.T) {
 		t.Errorf("empty body: nil from the cache %v, from the table %v", bodyNil, tableNil)
 	}
 }
+
+// TestVersionCacheKeepsCreatedRuns: a run created from a checked workflow
+// has its steps cached at the creating transaction's version, so its
+// first write reads no steps; what the cache gives equals the tables
+// (headers, a step's token and wake time, times to the microsecond).
+func TestVersionCacheKeepsCreatedRuns(t *testing.T) {
+	t.Setenv("FERRY_RUNCACHE_CHECK", "1") // every hit is checked against the tables
+	s := open(t)
+	ctx := t.Context()
+	wf, err := s.CreateWorkflow(ctx, &store.Workflow{Name: "c", Definition: json.RawMessage(`{}`), Fingerprint: "f", Enabled: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 11, 24, 15, 4, 5, 123456789, time.FixedZone("x", 3600))
+	wake := now.Add(time.Second)
+	res, err := s.CreateRuns(ctx, []*store.NewRun{{
+		Workflow: wf,
+		Run: store.Run{WorkflowID: wf.ID, Version: wf.Version, Status: status.RunRunning, Input: json.RawMessage(`{"n": 1}`),
+			TriggerHeaders: map[string]string{"X-A": "b"}, StartedAt: now, ExpiresAt: now.Add(time.Hour)},
+		Steps: []*store.StepRun{
+			{Name: "b", Position: 1, Type: "webhook", Status: status.StepWaiting, CallbackToken: "wh_t", WakeAt: &wake, StartedAt: &now},
+			{Name: "a", Position: 0, Type: "task", Status: status.StepRunning, Attempt: 1, StartedAt: &now},
+		},
+		Events: []store.NewEvent{{Type: "run_started"}, {Type: "step_started", Step: "a"}},
+	}}, now)
+	if err != nil || res[0].Err != nil {
+		t.Fatal(err, res[0].Err)
+	}
+	before := s.RunCacheHits()
+	var steps []store.StepRun
+	if err := s.InRun(ctx, res[0].Run.ID, time.Now(), func(tx store.RunTx) error {
+		for _, st := range tx.Steps() {
+			steps = append(steps, *st)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err) // with the check on, a hit that differs from the tables fails here
+	}
+	if got := s.RunCacheHits() - before; got != 1 {
+		t.Errorf("cache hits for the created run's first transaction = %d, want 1", got)
+	}
+	if len(steps) != 2 || steps[0].Name != "a" || steps[1].CallbackToken != "wh_t" || steps[1].WakeAt == nil {
+		t.Errorf("steps from the cache = %+v", steps)
+	}
+}

@@ -272,23 +272,31 @@ func (e *cachedRun) measure() bool {
 }
 
 // created stages a run the request inserts, as the tables will return it,
-// so that its first outcome or wake-up needs no read. Only a run built
-// from a workflow checked inside the transaction is kept: the workflow's
-// name is part of the run as read.
+// so that its first outcome or wake-up needs no read.
 func (c *runCache) created(nr *store.NewRun, now time.Time) {
+	if e := createdEntry(nr, now); e != nil {
+		c.staged[nr.Run.ID] = e
+	}
+}
+
+// createdEntry is a run being inserted as the tables will return it, or
+// nil when it is not to be cached. Only a run built from a workflow
+// checked inside the transaction is kept: the workflow's name is part of
+// the run as read. Terminal runs are not kept.
+func createdEntry(nr *store.NewRun, now time.Time) *cachedRun {
 	if nr.Workflow == nil || status.RunTerminal(nr.Run.Status) {
-		return
+		return nil
 	}
 	headers, err := headersJSON(nr.Run.TriggerHeaders)
 	if err != nil {
-		return
+		return nil
 	}
 	r := nr.Run
 	r.WorkflowName = nr.Workflow.Name
 	r.Input = json.RawMessage(string(r.Input)) // written as text, read back as its bytes
 	r.TriggerHeaders = nil
 	if err := json.Unmarshal(headers, &r.TriggerHeaders); err != nil {
-		return
+		return nil
 	}
 	r.ExpiresAt, r.StartedAt, r.FinishedAt = dbTime(r.ExpiresAt), dbTime(r.StartedAt), dbTimePtr(r.FinishedAt)
 	r.UpdatedAt = dbTime(now)
@@ -300,9 +308,10 @@ func (c *runCache) created(nr *store.NewRun, now time.Time) {
 		overlayStep(b, st)
 	}
 	slices.SortStableFunc(e.steps, func(a, b store.StepRun) int { return a.Position - b.Position })
-	if e.measure() {
-		c.staged[r.ID] = e
+	if !e.measure() {
+		return nil
 	}
+	return e
 }
 
 // overlayStep lays the columns flush writes for a step (stepSet) over b,

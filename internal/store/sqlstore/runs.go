@@ -212,6 +212,17 @@ func (s *Store) createRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 		case err != nil:
 			return nil, fmt.Errorf("create runs: %w", err)
 		default:
+			if s.vcache != nil && cs.xid != "" {
+				// Postgres: the runs' rows carry this transaction's id as
+				// their version until they are next written, so their
+				// first outcome or wake-up reads no steps.
+				for _, i := range todo {
+					if e := createdEntry(nrs[i], now); e != nil && !stale[i] {
+						e.version = cs.xid
+						cs.cacheIDs, cs.cacheRuns = append(cs.cacheIDs, nrs[i].Run.ID), append(cs.cacheRuns, e)
+					}
+				}
+			}
 			s.committed(cs)
 			for _, i := range todo {
 				if stale[i] {

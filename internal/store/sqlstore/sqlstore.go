@@ -67,10 +67,13 @@ type Store struct {
 	closing    bool
 	bg         sync.WaitGroup
 
-	qcache  sync.Map // query text -> dialect text
-	stmts   sync.Map // stmtKey -> generated statement (dialect text)
-	stmtsN  atomic.Int64
-	qcached atomic.Int64
+	// claimFilled: the last claim transaction got all it asked for (see
+	// ClaimTasks).
+	claimFilled atomic.Bool
+	qcache      sync.Map // query text -> dialect text
+	stmts       sync.Map // stmtKey -> generated statement (dialect text)
+	stmtsN      atomic.Int64
+	qcached     atomic.Int64
 }
 
 // OnCommit registers fn to learn what each committed write made ready.

@@ -185,9 +185,14 @@ func (s *Store) ClaimTasks(ctx context.Context, req store.ClaimTasks) ([]*store.
 	// without a write transaction (on SQLite without the writer, on
 	// Postgres in one round trip instead of four), so a waiting worker is
 	// back waiting sooner and a new task is handed to it directly. A task
-	// committed after this read wakes the caller, who claims again.
-	if ok, err := s.anyClaimable(ctx, filter, fargs, now); err != nil || !ok {
-		return nil, err
+	// committed after this read wakes the caller, who claims again. After
+	// a claim that got all it asked for, work is likely waiting and the
+	// read would only delay the claim (a single claim with a task ready
+	// took 0.66–0.70 → 0.95–1.17 ms on SQLite), so it is skipped.
+	if !s.claimFilled.Load() {
+		if ok, err := s.anyClaimable(ctx, filter, fargs, now); err != nil || !ok {
+			return nil, err
+		}
 	}
 	var out []*store.Task
 	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
@@ -263,6 +268,7 @@ func (s *Store) ClaimTasks(ctx context.Context, req store.ClaimTasks) ([]*store.
 	if err != nil {
 		return nil, err
 	}
+	s.claimFilled.Store(len(out) == req.Max)
 	// RETURNING yields rows in storage order; hand them out in claim order.
 	sort.SliceStable(out, func(i, j int) bool {
 		a, b := out[i], out[j]

@@ -63,15 +63,22 @@ func (ws *waiters) wait(req ClaimRequest) *waiter {
 // write to settle if one reserved it, or nil.
 func (ws *waiters) leave(w *waiter) []*store.Task {
 	ws.mu.Lock()
-	if i := slices.Index(ws.list, w); i >= 0 {
-		ws.list = slices.Delete(ws.list, i, i+1)
-		ws.n.Store(int32(len(ws.list)))
-		ws.mu.Unlock()
-		return nil
+	i := slices.Index(ws.list, w)
+	if i >= 0 {
+		ws.remove(i)
 	}
 	ws.mu.Unlock()
+	if i >= 0 {
+		return nil
+	}
 	<-w.ready // reserved: the write settles within its transaction
 	return w.got
+}
+
+// remove takes the i-th waiting claim off the list (ws.mu held).
+func (ws *waiters) remove(i int) {
+	ws.list = slices.Delete(ws.list, i, i+1)
+	ws.n.Store(int32(len(ws.list)))
 }
 
 // reserve takes the oldest waiting claim whose types match typ.
@@ -83,8 +90,7 @@ func (ws *waiters) reserve(typ string) *waiter {
 	defer ws.mu.Unlock()
 	for i, w := range ws.list {
 		if matchesType(w.claim.req.Types, typ) {
-			ws.list = slices.Delete(ws.list, i, i+1)
-			ws.n.Store(int32(len(ws.list)))
+			ws.remove(i)
 			return w
 		}
 	}
@@ -118,14 +124,13 @@ func (of *offer) take(ctx context.Context, t *store.Task, now time.Time) {
 	if of == nil || t.Status != status.TaskPending || t.RunAt.After(now) {
 		return
 	}
-	ws := &of.r.waiting
 	for _, w := range of.held {
 		if len(w.claim.taken) < w.claim.req.Max && matchesType(w.claim.req.Types, t.Type) {
 			of.lend(ctx, w, t, now)
 			return
 		}
 	}
-	if w := ws.reserve(t.Type); w != nil {
+	if w := of.r.waiting.reserve(t.Type); w != nil {
 		of.held = append(of.held, w)
 		of.lend(ctx, w, t, now)
 	}

@@ -217,7 +217,10 @@ func (s *Store) createRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 				// their version until they are next written, so their
 				// first outcome or wake-up reads no steps.
 				for _, i := range todo {
-					if e := createdEntry(nrs[i], now); e != nil && !stale[i] {
+					if stale[i] {
+						continue
+					}
+					if e := createdEntry(nrs[i], now); e != nil {
 						e.version = cs.xid
 						cs.cacheIDs, cs.cacheRuns = append(cs.cacheIDs, nrs[i].Run.ID), append(cs.cacheRuns, e)
 					}

@@ -148,11 +148,15 @@ func (b *batcher[R]) drain(reqs chan R) {
 	}
 }
 
-// triggerYield bounds how long a trigger batch waits for late timers.
-const triggerYield = 50 * time.Millisecond
+// yieldBound bounds how long a trigger or report batch waits for late
+// timers.
+const yieldBound = 50 * time.Millisecond
 
-// yieldGate lets trigger batches wait while late timers are written: it is
-// closed while any hold is in place.
+// yieldGate lets trigger and report batches wait while late timers are
+// written: it is closed while any hold is in place. (A gate that let a
+// batch wait only for the holds in place when it arrived was measured and
+// dropped: it let reports through between overlapping fire transactions,
+// and Postgres `sleep` lateness doubled.)
 type yieldGate struct {
 	mu   sync.Mutex
 	n    int

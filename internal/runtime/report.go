@@ -74,6 +74,11 @@ const maxTaskRuns = 1 << 16
 // applyReports writes a batch and answers every report in it except those
 // to retry, which it returns.
 func (r *Runtime) applyReports(batch []*reportReq) []*reportReq {
+	// Late timers come first here too (see Runtime.yield): under a burst
+	// of wake-ups the steps those wake-ups start finish at the same rate,
+	// and their reports took the writer (SQLite) or the CPU (Postgres)
+	// the timers needed, so the backlog of wake-ups kept growing.
+	r.yield.wait(r.clk, yieldBound)
 	ids := make([]string, len(batch))
 	// The runs of the tasks this runtime handed out are known: the store
 	// need not look them up (a round trip per batch).

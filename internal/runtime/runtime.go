@@ -88,9 +88,10 @@ type Runtime struct {
 	waiting waiters
 
 	timers *timerLoop
-	// yield is held while late timers are being written: trigger batches
-	// wait for it (at most triggerYield each), so a flood of new runs
-	// cannot make the runs already asleep wake late.
+	// yield is held while late timers are being written: trigger and
+	// report batches wait for it (at most yieldBound each), so a flood of
+	// new runs, or of the steps earlier wake-ups started, cannot make the
+	// runs still asleep wake late.
 	yield yieldGate
 
 	reports   *batcher[*reportReq]
@@ -429,7 +430,7 @@ func (r *Runtime) triggerBatch(ctx context.Context, wf *store.Workflow, reqs []T
 		if round == 2 {
 			return nil, fmt.Errorf("idempotency keys still unresolved after two rounds: %w", store.ErrRetry)
 		}
-		r.yield.wait(r.clk, triggerYield)
+		r.yield.wait(r.clk, yieldBound)
 		batch := make([]*store.NewRun, len(todo))
 		for j, i := range todo {
 			batch[j] = nrs[i]
@@ -496,7 +497,7 @@ func (q *triggerReq) finish()                  { close(q.done) }
 
 // applyTriggers writes a batch of new runs in one transaction.
 func (r *Runtime) applyTriggers(batch []*triggerReq) []*triggerReq {
-	r.yield.wait(r.clk, triggerYield)
+	r.yield.wait(r.clk, yieldBound)
 	nrs := make([]*store.NewRun, len(batch))
 	for i, q := range batch {
 		nrs[i] = q.nr

@@ -191,7 +191,39 @@ func TestCloseAnswersQueuedReports(t *testing.T) {
 	}
 }
 
-// TestYieldGate: trigger batches pass at once unless late timers are being
+// TestReportsYieldToLateTimers: while late timers are being written a
+// report batch waits (bounded by yieldBound), so wake-ups are not queued
+// behind the reports of the steps earlier wake-ups started; once the
+// timers are written it goes through.
+func TestReportsYieldToLateTimers(t *testing.T) {
+	r, _, _ := newInternal(t)
+	if _, _, err := r.CreateTask(t.Context(), NewTask{Type: "t.yield.v1"}); err != nil {
+		t.Fatal(err)
+	}
+	c := claimOne(t, r, time.Minute)
+	r.yield.hold() // a late chunk of timers is being written
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.CompleteTask(context.Background(), c.ID, c.LeaseToken, nil)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("report answered (%v) while late timers were being written", err)
+	case <-time.After(50 * time.Millisecond): // negative check: give it a chance to go wrong
+	}
+	r.yield.release()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("report after the timers: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("report not written after the late timers were")
+	}
+}
+
+// TestYieldGate: trigger and report batches pass at once unless late timers are being
 // written; then they wait for the timers, or at most the bound.
 func TestYieldGate(t *testing.T) {
 	var g yieldGate

@@ -223,8 +223,9 @@ func TestReportsYieldToLateTimers(t *testing.T) {
 	}
 }
 
-// TestYieldGate: trigger and report batches pass at once unless late timers are being
-// written; then they wait for the timers, or at most the bound.
+// TestYieldGate: trigger and report batches pass at once unless late
+// timers are being written; then they wait for the timers, or at most the
+// bound.
 func TestYieldGate(t *testing.T) {
 	var g yieldGate
 	clk := clock.NewFake(time.Date(2026, 2, 22, 10, 0, 0, 0, time.UTC))

@@ -49,12 +49,12 @@ type PipeRows interface {
 }
 
 // pipelined runs a Postgres transaction in two round trips: BEGIN, the
-// lock read of runIDs and more (a lock read whose rows its Rows keeps; none
-// when its SQL is empty) go as one; the runs get their steps, decide fills
+// lock read of runIDs and more (lock reads whose rows their Rows keep) go
+// as one; the runs get their steps, decide fills
 // a changeset in memory and names statements to send after the write; the
 // write, those and COMMIT go as the other. It returns the changeset
 // committed.
-func (s *Store) pipelined(ctx context.Context, runIDs []string, now time.Time, more PipeQuery, decide func(cs *changeset, runs map[string]*runTx) (after []PipeQuery, err error)) (_ *changeset, err error) {
+func (s *Store) pipelined(ctx context.Context, runIDs []string, now time.Time, more []PipeQuery, decide func(cs *changeset, runs map[string]*runTx) (after []PipeQuery, err error)) (_ *changeset, err error) {
 	conn, err := s.w.Conn(ctx)
 	if err != nil {
 		return nil, err
@@ -75,9 +75,7 @@ func (s *Store) pipelined(ctx context.Context, runIDs []string, now time.Time, m
 		q, args := s.runRowsQuery(runIDs)
 		locks = append(locks, PipeQuery{SQL: q, Args: args, Rows: func(r PipeRows) error { return s.scanRunRows(ctx, conn, r, now, runs) }})
 	}
-	if more.SQL != "" {
-		locks = append(locks, more)
-	}
+	locks = append(locks, more...)
 	if err := s.d.Pipeline(ctx, conn, locks); err != nil {
 		return nil, fmt.Errorf("lock: %w", err)
 	}

@@ -173,11 +173,11 @@ func (s *Store) createRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 	if len(todo) > 0 {
 		if q, args, ok := s.workflowsCheck(nrs, todo); ok && s.d.Pipeline != nil {
 			// Postgres: two round trips (see pipeline.go).
-			cs, err = s.pipelined(ctx, nil, now, PipeQuery{SQL: q, Args: args, Rows: func(r PipeRows) error {
+			cs, err = s.pipelined(ctx, nil, now, []PipeQuery{{SQL: q, Args: args, Rows: func(r PipeRows) error {
 				states, err := scanWorkflowStates(r)
 				stale = staleOf(nrs, todo, states)
 				return err
-			}}, func(cs *changeset, _ map[string]*runTx) ([]PipeQuery, error) {
+			}}}, func(cs *changeset, _ map[string]*runTx) ([]PipeQuery, error) {
 				return nil, add(cs)
 			})
 		} else {

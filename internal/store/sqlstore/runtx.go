@@ -443,10 +443,10 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, now time.Time, 
 	if s.d.Pipeline != nil {
 		// Postgres: two round trips (see pipeline.go).
 		var items []*store.QueueItem
-		cs, err = s.pipelined(ctx, runIDs, now, PipeQuery{SQL: itemsQuery, Args: itemsArgs, Rows: func(r PipeRows) (err error) {
+		cs, err = s.pipelined(ctx, runIDs, now, []PipeQuery{{SQL: itemsQuery, Args: itemsArgs, Rows: func(r PipeRows) (err error) {
 			items, err = scanQueueItems(r)
 			return err
-		}}, func(cs *changeset, runs map[string]*runTx) ([]PipeQuery, error) {
+		}}}, func(cs *changeset, runs map[string]*runTx) ([]PipeQuery, error) {
 			return settle(fire(cs, runs, items)), nil
 		})
 	} else {

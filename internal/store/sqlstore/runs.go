@@ -233,13 +233,21 @@ func (s *Store) createRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 					continue
 				}
 				res[i] = store.CreateResult{Run: &store.Run{ID: nrs[i].Run.ID}, Created: true}
+				if nrs[i].Workflow != nil {
+					// Its workflow's name was checked in the transaction:
+					// the run is known as written, without reading it.
+					if res[i].Run, err = createdRun(nrs[i], now); err != nil {
+						return nil, err
+					}
+				}
 			}
 		}
 	}
-	// Read back what was written (or found), as GetRun would return it.
+	// Read back what was found, and runs whose workflow's name is not
+	// known here, as GetRun would return them.
 	var ids []string
-	for _, r := range res {
-		if r.Run != nil {
+	for i, r := range res {
+		if r.Run != nil && !(r.Created && nrs[i].Workflow != nil) {
 			ids = append(ids, r.Run.ID)
 		}
 	}
@@ -248,13 +256,35 @@ func (s *Store) createRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 		return nil, err
 	}
 	for i := range res {
-		if res[i].Run != nil {
+		if res[i].Run != nil && !(res[i].Created && nrs[i].Workflow != nil) {
 			if res[i].Run = got[res[i].Run.ID]; res[i].Run == nil {
 				return nil, fmt.Errorf("run %s vanished after it was written", nrs[i].Run.ID)
 			}
 		}
 	}
 	return res, nil
+}
+
+// createdRun is the run nr as written at now (changeset.newRun), as GetRun
+// reads it back: times to the microsecond, headers through their JSON.
+func createdRun(nr *store.NewRun, now time.Time) (*store.Run, error) {
+	r := nr.Run
+	r.WorkflowName = nr.Workflow.Name
+	r.Input = json.RawMessage(string(r.Input))
+	h, err := headersJSON(r.TriggerHeaders)
+	if err != nil {
+		return nil, err
+	}
+	r.TriggerHeaders = nil
+	if err := json.Unmarshal(h, &r.TriggerHeaders); err != nil {
+		return nil, fmt.Errorf("decode trigger headers: %w", err)
+	}
+	r.ExpiresAt, r.StartedAt, r.UpdatedAt = fromTS(ts(r.ExpiresAt)), fromTS(ts(r.StartedAt)), fromTS(ts(now))
+	if r.FinishedAt != nil {
+		f := fromTS(ts(*r.FinishedAt))
+		r.FinishedAt = &f
+	}
+	return &r, nil
 }
 
 // staleWorkflows reads, inside the writing transaction, the workflows that

@@ -24,6 +24,7 @@ var runTests = []test{
 	{"CountRunsByStatus", testCountRuns},
 	{"CreateRunsLargeBatch", testCreateRunsLargeBatch},
 	{"CreateRunsChecksWorkflowAsRead", testCreateRunsChecksWorkflow},
+	{"CreateRunsReturnsRunsAsStored", testCreateRunsReturnsAsStored},
 }
 
 func testCountRuns(t *testing.T, s store.Store) {
@@ -413,6 +414,52 @@ func testCreateRunsLargeBatch(t *testing.T, s store.Store) {
 	must(t, err, "GetRun")
 	if len(steps) != 30 {
 		t.Errorf("the last run has %d steps, want 30", len(steps))
+	}
+}
+
+// testCreateRunsReturnsAsStored: what CreateRuns returns for a run is what
+// GetRun reads back — for runs it builds from what it wrote (a workflow as
+// read is named) and for runs it reads (no workflow given, a key found):
+// times to the microsecond, input byte for byte, no headers as an empty
+// set, the workflow's name.
+func testCreateRunsReturnsAsStored(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "as-stored")
+	now := at(3*time.Second + 1234*time.Nanosecond)
+	finished := at(5*time.Second + 999*time.Nanosecond)
+	mk := func(key string, withWF bool, edit func(r *store.Run)) *store.NewRun {
+		nr := &store.NewRun{Run: baseRun(wf, key), Events: []store.NewEvent{{Type: "run_started"}}}
+		nr.Run.StartedAt = at(time.Second + 7*time.Nanosecond)
+		nr.Run.ExpiresAt = at(time.Hour + 11*time.Nanosecond)
+		if withWF {
+			nr.Workflow = wf
+		}
+		if edit != nil {
+			edit(&nr.Run)
+		}
+		return nr
+	}
+	nrs := []*store.NewRun{
+		mk("", true, nil),
+		mk("", true, func(r *store.Run) { r.TriggerHeaders, r.Input = nil, json.RawMessage(` { "b" : 1 ,"a":[ ] } `) }),
+		mk("key-as-stored", true, func(r *store.Run) { r.Status, r.Error, r.FinishedAt = status.RunFailed, "boom", &finished }),
+		mk("", false, nil),
+	}
+	res, err := s.CreateRuns(ctx, nrs, now)
+	must(t, err, "CreateRuns")
+	again, err := s.CreateRuns(ctx, []*store.NewRun{mk("key-as-stored", true, nil)}, now)
+	must(t, err, "CreateRuns with a used key")
+	res = append(res, again...)
+	for i, r := range res {
+		if r.Err != nil || r.Run == nil || r.Created != (i < len(nrs)) {
+			t.Fatalf("run %d: %+v, want created=%v", i, r, i < len(nrs))
+		}
+		stored, _, err := s.GetRun(ctx, r.Run.ID)
+		must(t, err, "GetRun")
+		diff(t, fmt.Sprintf("run %d as returned against GetRun", i), stored, r.Run)
+		if stored.WorkflowName != wf.Name {
+			t.Errorf("run %d: workflow name %q, want %q", i, stored.WorkflowName, wf.Name)
+		}
 	}
 }
 

@@ -19,7 +19,23 @@ import (
 // finish at once) and the single writer on SQLite.
 func (s *Store) InRun(ctx context.Context, runID string, now time.Time, fn func(store.RunTx) error) error {
 	var cs *changeset
-	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	var err error
+	if s.d.Pipeline != nil {
+		// Postgres: two round trips (see pipeline.go), as batches are.
+		cs, err = s.pipelined(ctx, []string{runID}, now, nil, func(cs *changeset, runs map[string]*runTx) ([]PipeQuery, error) {
+			rt := runs[runID]
+			if rt == nil {
+				return nil, fmt.Errorf("run %q: %w", runID, store.ErrNotFound)
+			}
+			rt.cs = cs
+			return nil, fn(rt)
+		})
+		if err == nil {
+			s.committed(cs)
+		}
+		return err
+	}
+	err = s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		cs = &changeset{}
 		runs, err := s.lockRuns(ctx, tx, []string{runID}, now)
 		if err != nil {

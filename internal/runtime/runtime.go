@@ -346,7 +346,6 @@ func (r *Runtime) newRun(wf *store.Workflow, def *spec.Workflow, req TriggerRequ
 	}
 	ch := &changes{now: now, runID: run.ID}
 	ch.events = append(ch.events, store.NewEvent{Type: "run_started", Data: map[string]any{"workflow": wf.Name, "version": wf.Version}})
-	ch.queue = append(ch.queue, store.QueueItem{Kind: store.KindRunExpire, DueAt: run.ExpiresAt})
 	r.decide(def, &run, steps, ch)
 	nr := &store.NewRun{Run: run, Steps: steps, Queue: ch.queue, Tasks: ch.tasks, Events: ch.events, Workflow: wf}
 	if ch.finished {

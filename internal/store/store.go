@@ -72,8 +72,16 @@ const (
 	KindHTTP        = "http"         // execute an HTTP step attempt
 	KindWake        = "wake"         // a sleep step is due
 	KindWaitTimeout = "wait_timeout" // a webhook wait expired
-	KindRunExpire   = "run_expire"   // a run reached max_duration
+	// KindRunExpire: a run reached max_duration. It is not a queue row:
+	// a run that is not finished is due to expire at its ExpiresAt, and
+	// DueTimers, FireTimers and NextDue report it as an item of this kind
+	// with ID 0. Enqueuing one is ErrExpiryNotQueued.
+	KindRunExpire = "run_expire"
 )
+
+// ErrExpiryNotQueued: a queue item of kind KindRunExpire was written; a
+// run's expiry is its ExpiresAt.
+var ErrExpiryNotQueued = errors.New("a run's expiry is its expires_at, not a queue item")
 
 // TimerKinds are the kinds applied by FireTimers: they touch only the
 // database, so they are fired in batches without a lease each.
@@ -247,7 +255,8 @@ type Store interface {
 	ExtendLease(ctx context.Context, id int64, leaseToken string, until time.Time) error
 	// DueTimers lists up to max timer items (TimerKinds) due at now and
 	// not held by a lease, earliest first, without locking anything: the
-	// caller picks runs from them for FireTimers.
+	// caller picks runs from them for FireTimers. The expiries of runs not
+	// finished are among them (see KindRunExpire).
 	DueTimers(ctx context.Context, now time.Time, max int) ([]*QueueItem, error)
 	// FireTimers applies the due timer items of the given runs in one
 	// transaction, calling fn for each under its run's lock; see
@@ -255,7 +264,8 @@ type Store interface {
 	FireTimers(ctx context.Context, runIDs []string, now time.Time, lease time.Duration, fn func(it *QueueItem, tx RunTx) error) (taken int, errs []error, err error)
 	// NextDue is the earliest time later than after (any time, when after
 	// is zero) at which an item of one of kinds becomes due: its due time,
-	// or its lease end while it is leased.
+	// or its lease end while it is leased. No kinds means the kinds kept as
+	// queue rows (run expiries are asked for by KindRunExpire).
 	NextDue(ctx context.Context, after time.Time, kinds ...string) (time.Time, bool, error)
 	// Sweep deletes queue items of finished runs (they can do nothing).
 	Sweep(ctx context.Context) (int, error)

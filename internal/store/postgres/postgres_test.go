@@ -282,8 +282,9 @@ func TestWakeups(t *testing.T) {
 		if !c.HTTPDue.Equal(now.Truncate(time.Microsecond)) && !c.HTTPDue.Equal(now) {
 			t.Errorf("local commit hook: HTTPDue = %v, want %v", c.HTTPDue, now)
 		}
-		if !c.TimerDue.IsZero() {
-			t.Errorf("local commit hook: TimerDue = %v for an HTTP attempt, want zero", c.TimerDue)
+		// The run's expiry is the only timer: an hour on (see enqueue).
+		if want := now.Add(time.Hour).Truncate(time.Microsecond); !c.TimerDue.Equal(want) && !c.TimerDue.Equal(now.Add(time.Hour)) {
+			t.Errorf("local commit hook: TimerDue = %v, want the run's expiry %v", c.TimerDue, want)
 		}
 	default:
 		t.Error("the committing node's hook was not told of the queued item")

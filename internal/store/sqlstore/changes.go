@@ -117,9 +117,15 @@ func (c *changeset) newRun(nr *store.NewRun, now time.Time) error {
 		c.newSteps = append(c.newSteps, st)
 	}
 	for _, it := range nr.Queue {
+		if it.Kind == store.KindRunExpire {
+			return fmt.Errorf("run %s: %w", r.ID, store.ErrExpiryNotQueued)
+		}
 		it.RunID = r.ID
 		c.queue = append(c.queue, it)
 		c.note.queued(it.Kind, it.DueAt)
+	}
+	if runLive(r.Status) {
+		c.note.queued(store.KindRunExpire, r.ExpiresAt)
 	}
 	for _, t := range nr.Tasks {
 		t.RunID = r.ID

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ferryhq/ferry/internal/status"
 	"github.com/ferryhq/ferry/internal/store"
 )
 
@@ -261,6 +262,9 @@ func (t *runTx) UpdateStep(st *store.StepRun) error {
 
 func (t *runTx) Enqueue(items ...store.QueueItem) error {
 	for _, it := range items {
+		if it.Kind == store.KindRunExpire {
+			return fmt.Errorf("run %s: %w", t.run.ID, store.ErrExpiryNotQueued)
+		}
 		it.RunID = t.run.ID
 		t.cs.queue = append(t.cs.queue, it)
 		t.cs.note.queued(it.Kind, it.DueAt)
@@ -368,23 +372,42 @@ func (s *Store) Claim(ctx context.Context, now time.Time, lease time.Duration, n
 	return out, nil
 }
 
+// queueTimers are the timer kinds kept as queue rows: run expiries are
+// read from the runs (see store.KindRunExpire).
+var queueTimers = []string{store.KindWake, store.KindWaitTimeout}
+
 // timersDue selects timer items that are due at ? and not held by a lease
 // (a failed one is held until its lease ends).
-const timersDue = `kind IN ('` + store.KindWake + `', '` + store.KindWaitTimeout + `', '` + store.KindRunExpire + `') AND due_at <= ? AND (lease_until IS NULL OR lease_until <= ?)`
+const timersDue = `kind IN ('` + store.KindWake + `', '` + store.KindWaitTimeout + `') AND due_at <= ? AND (lease_until IS NULL OR lease_until <= ?)`
+
+// runsExpiring selects the runs not finished: the predicate of the partial
+// index runs_expiry (expires_at), which a query must repeat to use it.
+var runsExpiring = `status IN ('` + status.RunRunning + `', '` + status.RunPaused + `')`
+
+// runLive says whether a run of this status can still expire.
+func runLive(st string) bool { return st == status.RunRunning || st == status.RunPaused }
+
+// expiryItem is the timer item of a run's expiry (it has no queue row).
+func expiryItem(runID string, expires time.Time) *store.QueueItem {
+	return &store.QueueItem{Kind: store.KindRunExpire, RunID: runID, DueAt: expires}
+}
 
 // DueTimers reads up to max due timer items, earliest first, outside any
 // transaction: FireTimers decides under the locks. Each kind is walked in
-// its own part of the queue_due index (kind, due_at, id) and the walks are
-// merged, so the read costs max rows whatever else is queued; a single
-// walk over all kinds would sort every due item.
+// its own part of the queue_due index (kind, due_at, id), and expiries in
+// runs_expiry, and the walks are merged, so the read costs max rows
+// whatever else is queued; a single walk over all kinds would sort every
+// due item.
 func (s *Store) DueTimers(ctx context.Context, now time.Time, max int) ([]*store.QueueItem, error) {
 	const one = `SELECT id, kind, run_id, step, attempt, due_at FROM queue WHERE kind = ? AND due_at <= ? AND (lease_until IS NULL OR lease_until <= ?) ORDER BY due_at, id LIMIT ?`
 	var parts []string
 	var args []any
-	for i, k := range store.TimerKinds {
+	for i, k := range queueTimers {
 		parts = append(parts, fmt.Sprintf(`SELECT * FROM (%s) t%d`, one, i))
 		args = append(args, k, ts(now), ts(now), max)
 	}
+	parts = append(parts, `SELECT * FROM (SELECT 0 AS id, '`+store.KindRunExpire+`' AS kind, id AS run_id, '' AS step, 0 AS attempt, expires_at AS due_at FROM runs WHERE `+runsExpiring+` AND expires_at <= ? ORDER BY expires_at LIMIT ?) x`)
+	args = append(args, ts(now), max)
 	rows, err := s.r.QueryContext(ctx, s.q(strings.Join(parts, ` UNION ALL `)+` ORDER BY due_at, id LIMIT ?`), append(args, max)...)
 	if err != nil {
 		return nil, fmt.Errorf("due timers: %w", err)
@@ -395,14 +418,18 @@ func (s *Store) DueTimers(ctx context.Context, now time.Time, max int) ([]*store
 
 // FireTimers applies the due timer items (wake, wait_timeout, run_expire)
 // of runIDs in one transaction: it locks the runs, takes their items that
-// are still due (skipping rows another node holds on Postgres) and calls
-// fn for each under the run's lock; each applied item is deleted. Timers
+// are still due (skipping rows another node holds on Postgres) and the
+// expiry of each run not finished whose expires_at has passed, and calls
+// fn for each under the run's lock, in due order; each applied item is
+// deleted (an expiry has no row: the run it ends is no longer due). Timers
 // touch only the database, so no lease is taken before the work: the
 // transaction is the work.
 //
 // An item whose fn fails keeps its row, leased until now+lease so it is
 // not due again at once, and its writes are dropped; its error is in errs,
-// and the other items commit. taken counts the items fn was called for.
+// and the other items commit. An expiry whose fn fails has no row to hold:
+// the whole call fails, and the caller holds its runs back as after any
+// failed transaction. taken counts the items fn was called for.
 //
 // On SQLite the write goes ahead of other queued writes: a timer's due
 // time is a promise, a worker's report can wait one group.
@@ -418,9 +445,17 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, now time.Time, 
 	itemsArgs := append(ids, ts(now), ts(now))
 	var taken int
 	var errs []error
-	// fire applies the items under their runs' locks and says which to
-	// delete and which to hold for the lease.
-	fire := func(cs *changeset, runs map[string]*runTx, items []*store.QueueItem) (done, failed []any) {
+	// fire applies the items under their runs' locks, the expiries of the
+	// locked runs among them, and says which to delete and which to hold
+	// for the lease. An expiry has no row to hold: when it fails, the
+	// transaction does, and the caller holds its runs back.
+	fire := func(cs *changeset, runs map[string]*runTx, items []*store.QueueItem) (done, failed []any, err error) {
+		for _, id := range runIDs {
+			if rt := runs[id]; rt != nil && runLive(rt.run.Status) && !rt.run.ExpiresAt.After(now) {
+				items = append(items, expiryItem(id, rt.run.ExpiresAt))
+			}
+		}
+		sort.SliceStable(items, func(i, j int) bool { return items[i].DueAt.Before(items[j].DueAt) })
 		taken, errs = len(items), nil
 		perRun := map[string]int{}
 		for _, it := range items {
@@ -433,16 +468,24 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, now time.Time, 
 				continue
 			}
 			if err := cs.apply(rt, perRun[it.RunID] > 1, func(*changeset) error { return fn(it, rt) }); err != nil {
+				if it.Kind == store.KindRunExpire {
+					return nil, nil, fmt.Errorf("expiry of run %s: %w", it.RunID, err)
+				}
 				errs = append(errs, fmt.Errorf("queue item %d (%s of run %s): %w", it.ID, it.Kind, it.RunID, err))
 				failed = append(failed, it.ID)
 				continue
 			}
-			done = append(done, it.ID)
+			if it.Kind != store.KindRunExpire {
+				done = append(done, it.ID)
+			}
 		}
-		return done, failed
+		return done, failed, nil
 	}
 	// settle deletes the fired items and holds the failed ones.
-	settle := func(done, failed []any) []PipeQuery {
+	settle := func(done, failed []any, err error) ([]PipeQuery, error) {
+		if err != nil {
+			return nil, err
+		}
 		var qs []PipeQuery
 		if len(done) > 0 {
 			cond, done := s.inInts("id", done)
@@ -452,7 +495,7 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, now time.Time, 
 			cond, failed := s.inInts("id", failed)
 			qs = append(qs, PipeQuery{SQL: s.q(`UPDATE queue SET lease_token = ?, lease_until = ? WHERE ` + cond), Args: append([]any{token(), ts(now.Add(lease))}, failed...)})
 		}
-		return qs
+		return qs, nil
 	}
 	var cs *changeset
 	var err error
@@ -463,7 +506,7 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, now time.Time, 
 			items, err = scanQueueItems(r)
 			return err
 		}}}, func(cs *changeset, runs map[string]*runTx) ([]PipeQuery, error) {
-			return settle(fire(cs, runs, items)), nil
+			return settle(fire(cs, runs, items))
 		})
 	} else {
 		err = s.writeUrgent(ctx, func(ctx context.Context, tx *sql.Tx) error {
@@ -481,7 +524,10 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, now time.Time, 
 			if err != nil {
 				return err
 			}
-			after := settle(fire(cs, runs, items))
+			after, err := settle(fire(cs, runs, items))
+			if err != nil {
+				return err
+			}
 			if err := s.flush(ctx, tx, cs); err != nil {
 				return err
 			}
@@ -519,11 +565,12 @@ func scanQueueItems(rows PipeRows) ([]*store.QueueItem, error) {
 // becomes due: its due time, or the end of its lease while it is leased.
 // Unleased items are found by walking each kind's part of the queue_due
 // index from `after`; leased ones (HTTP attempts in flight, failed timers:
-// few) through the partial queue_leased index. Nothing here reads the
-// whole queue, which holds every sleeping run's wake-up.
+// few) through the partial queue_leased index; run expiries through
+// runs_expiry. Nothing here reads the whole queue, which holds every
+// sleeping run's wake-up.
 func (s *Store) NextDue(ctx context.Context, after time.Time, kinds ...string) (time.Time, bool, error) {
 	if len(kinds) == 0 {
-		kinds = append([]string{store.KindHTTP}, store.TimerKinds...)
+		kinds = append([]string{store.KindHTTP}, queueTimers...)
 	}
 	from := int64(math.MinInt64)
 	if !after.IsZero() {
@@ -531,18 +578,25 @@ func (s *Store) NextDue(ctx context.Context, after time.Time, kinds ...string) (
 	}
 	var parts []string
 	var args []any
-	vals := make([]any, len(kinds))
-	for i, k := range kinds {
+	var vals []any
+	for _, k := range kinds {
+		if k == store.KindRunExpire {
+			parts = append(parts, `SELECT (SELECT expires_at FROM runs WHERE `+runsExpiring+` AND expires_at > ? ORDER BY expires_at LIMIT 1) AS t`)
+			args = append(args, from)
+			continue
+		}
 		parts = append(parts, `SELECT (SELECT due_at FROM queue WHERE kind = ? AND lease_until IS NULL AND due_at > ? ORDER BY due_at LIMIT 1) AS t`)
 		args = append(args, k, from)
-		vals[i] = k
+		vals = append(vals, k)
 	}
-	// kind || '' keeps SQLite from walking a kind's whole part of
-	// queue_due for the leased items instead of the small queue_leased.
-	cond, vals := s.inList("(kind || '')", vals)
-	const end = `CASE WHEN lease_until > due_at THEN lease_until ELSE due_at END`
-	parts = append(parts, `SELECT MIN(`+end+`) AS t FROM queue WHERE lease_until IS NOT NULL AND `+cond+` AND `+end+` > ?`)
-	args = append(append(args, vals...), from)
+	if len(vals) > 0 {
+		// kind || '' keeps SQLite from walking a kind's whole part of
+		// queue_due for the leased items instead of the small queue_leased.
+		cond, vals := s.inList("(kind || '')", vals)
+		const end = `CASE WHEN lease_until > due_at THEN lease_until ELSE due_at END`
+		parts = append(parts, `SELECT MIN(`+end+`) AS t FROM queue WHERE lease_until IS NOT NULL AND `+cond+` AND `+end+` > ?`)
+		args = append(append(args, vals...), from)
+	}
 	var v sql.NullInt64
 	err := s.r.QueryRowContext(ctx, s.q(`SELECT MIN(t) FROM (`+strings.Join(parts, ` UNION ALL `)+`) n`), args...).Scan(&v)
 	if err != nil || !v.Valid {

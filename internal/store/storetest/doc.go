@@ -18,5 +18,6 @@
 //
 // It is a non-test package (it imports testing) so the sqlite and postgres
 // packages can share it; it imports internal/store, internal/status and
-// go-cmp, never a backend.
+// go-cmp, never a backend (one test reaches the tables through the
+// store's DB handle, to plant rows an older version wrote).
 package storetest

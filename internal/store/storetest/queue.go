@@ -59,7 +59,7 @@ func testFireTimers(t *testing.T, s store.Store) {
 	r1 := mkSimpleRun(t, s, wf, wake(time.Second))
 	r2 := mkSimpleRun(t, s, wf, wake(2*time.Second), store.QueueItem{Kind: store.KindHTTP, Step: "a", DueAt: t0})
 	r3 := mkSimpleRun(t, s, wf, wake(time.Hour))
-	bad := mkSimpleRun(t, s, wf, store.QueueItem{Kind: store.KindRunExpire, DueAt: at(time.Second)})
+	bad := mkSimpleRun(t, s, wf, store.QueueItem{Kind: store.KindWaitTimeout, Step: "b", DueAt: at(time.Second)})
 	due, err := s.DueTimers(ctx, at(5*time.Second), 10)
 	must(t, err, "DueTimers")
 	var dueRuns []string
@@ -67,7 +67,7 @@ func testFireTimers(t *testing.T, s store.Store) {
 		dueRuns = append(dueRuns, it.RunID+":"+it.Kind)
 	}
 	sort.Strings(dueRuns)
-	want := []string{r1.ID + ":wake", r2.ID + ":wake", bad.ID + ":run_expire"}
+	want := []string{r1.ID + ":wake", r2.ID + ":wake", bad.ID + ":wait_timeout"}
 	sort.Strings(want)
 	diff(t, "due timers", want, dueRuns)
 
@@ -125,18 +125,26 @@ func testFireTimers(t *testing.T, s store.Store) {
 	for _, it := range left {
 		kinds[it.RunID] = it.Kind
 	}
-	diff(t, "items left", map[string]string{r2.ID: store.KindHTTP, r3.ID: store.KindWake, bad.ID: store.KindRunExpire}, kinds)
+	diff(t, "items left", map[string]string{r2.ID: store.KindHTTP, r3.ID: store.KindWake, bad.ID: store.KindWaitTimeout}, kinds)
 }
 
 // testDueTimersOrder: DueTimers returns the earliest due timers over every
-// timer kind, in due order, at most max, and no HTTP attempt.
+// timer kind (run expiries included), in due order, at most max, and no
+// HTTP attempt.
 func testDueTimersOrder(t *testing.T, s store.Store) {
 	wf := mkWorkflow(t, s, "wf")
 	var runs []*store.Run
 	kinds := []string{store.KindRunExpire, store.KindWake, store.KindHTTP, store.KindWaitTimeout}
 	for i := range 8 {
 		// Due 8s, 7s, … 1s: creation order is the reverse of due order.
-		runs = append(runs, mkSimpleRun(t, s, wf, store.QueueItem{Kind: kinds[i%4], Step: "b", DueAt: at(time.Duration(8-i) * time.Second)}))
+		due := at(time.Duration(8-i) * time.Second)
+		if kinds[i%4] == store.KindRunExpire {
+			r := baseRun(wf, "")
+			r.ExpiresAt = due
+			runs = append(runs, mkRun(t, s, &store.NewRun{Run: r}))
+			continue
+		}
+		runs = append(runs, mkSimpleRun(t, s, wf, store.QueueItem{Kind: kinds[i%4], Step: "b", DueAt: due}))
 	}
 	got, err := s.DueTimers(t.Context(), at(10*time.Second), 4)
 	must(t, err, "DueTimers")
@@ -205,7 +213,8 @@ func testFireTimersConcurrent(t *testing.T, s store.Store) {
 			t.Errorf("run %s: timer applied %d times, want 1", id, count[id])
 		}
 	}
-	if due, err := s.DueTimers(ctx, far, 100); err != nil || len(due) != 0 {
+	// Before the runs expire (at 1h), nothing is left due.
+	if due, err := s.DueTimers(ctx, at(time.Minute), 100); err != nil || len(due) != 0 {
 		t.Errorf("due timers left: %d, err %v", len(due), err)
 	}
 }
@@ -219,7 +228,7 @@ func testNextDueKinds(t *testing.T, s store.Store) {
 		store.QueueItem{Kind: store.KindHTTP, Step: "a", DueAt: at(10 * time.Second)},
 		store.QueueItem{Kind: store.KindWake, Step: "b", DueAt: at(5 * time.Second)},
 	)
-	mkSimpleRun(t, s, wf, store.QueueItem{Kind: store.KindRunExpire, DueAt: at(time.Hour)})
+	// Every run expires at 1h (baseRun): the next timer after 5s.
 	check := func(what string, after time.Time, want time.Time, kinds ...string) {
 		t.Helper()
 		got, ok, err := s.NextDue(ctx, after, kinds...)
@@ -559,7 +568,7 @@ func testDropQueue(t *testing.T, s store.Store) {
 	wf := mkWorkflow(t, s, "wf")
 	r1 := mkSimpleRun(t, s, wf,
 		store.QueueItem{Kind: store.KindHTTP, Step: "a", DueAt: t0},
-		store.QueueItem{Kind: store.KindRunExpire, DueAt: at(time.Hour)},
+		store.QueueItem{Kind: store.KindWaitTimeout, Step: "b", DueAt: at(time.Hour)},
 	)
 	keep := []store.QueueItem{
 		{Kind: store.KindHTTP, Step: "a", DueAt: t0},
@@ -589,7 +598,7 @@ func testSweep(t *testing.T, s store.Store) {
 		rr.Status = st
 		byStatus[st] = mkRun(t, s, &store.NewRun{Run: rr, Queue: []store.QueueItem{
 			{Kind: store.KindHTTP, Step: "a", DueAt: t0},
-			{Kind: store.KindRunExpire, DueAt: at(time.Hour)},
+			{Kind: store.KindWaitTimeout, Step: "b", DueAt: at(time.Hour)},
 		}})
 	}
 	// A run that finishes through UpdateRun is swept too.

@@ -66,7 +66,7 @@ func testCreateRun(t *testing.T, s store.Store) {
 	queue := []store.QueueItem{
 		{Kind: store.KindHTTP, Step: "fetch", Attempt: 1, DueAt: t0},
 		{Kind: store.KindWaitTimeout, Step: "wait", DueAt: at(time.Minute)},
-		{Kind: store.KindRunExpire, DueAt: at(time.Hour)},
+		{Kind: store.KindWake, Step: "notify", DueAt: at(time.Hour)},
 	}
 	evs := []store.NewEvent{
 		{Type: "run_started", Data: map[string]any{"input": 42}},

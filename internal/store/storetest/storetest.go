@@ -30,6 +30,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"Runs", runTests},
 		{"InRun", inRunTests},
 		{"Queue", queueTests},
+		{"Expiry", expiryTests},
 		{"APIKeys", apiKeyTests},
 		{"Tasks", taskTests},
 	}

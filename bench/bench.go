@@ -33,7 +33,8 @@ type Options struct {
 	Workload string // one of Workloads, or "all"
 	Database string // "sqlite" / "sqlite:DIR-or-FILE" or a postgres:// URL
 	N        int    // runs (0 = the workload's default)
-	// Workers is the worker SDK's concurrency (handlers in flight).
+	// Workers is the worker SDK's concurrency (handlers in flight; 0 =
+	// the workload's default, see defaultWorkers).
 	Workers int
 	// Engine concurrency (dispatcher slots).
 	Concurrency int
@@ -71,6 +72,20 @@ type Result struct {
 }
 
 var defaultN = map[string]int{"jobs": 20000, "chain10": 1000, "fanout": 1000, "sleep": 10000, "sleep-rss": 100000, "start": 500}
+
+// defaultWorkers is how many handlers a workload runs unless told. jobs
+// runs 2,000, the worker count of River's own benchmark that its target
+// figure comes from: independent jobs are drained as fast as handlers
+// are free, so the count sets the throughput (Postgres ≈8,500 jobs/s at
+// 64, ≈12,500 at 1,000 or 2,000). The workflows run 64: in chain10 a
+// handler carries its run from step to step, and more handlers trade
+// hand-off latency for throughput (docs/performance.md).
+func defaultWorkers(workload string) int {
+	if workload == "jobs" {
+		return 2000
+	}
+	return 64
+}
 
 // Run runs the selected workloads one after the other, each on a fresh
 // database, and writes each result as a JSON line to out as it finishes.

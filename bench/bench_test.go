@@ -120,3 +120,23 @@ func TestScaleReportsEachLevel(t *testing.T) {
 		}
 	}
 }
+
+// TestDefaultWorkers: unless told, jobs runs River's benchmark's 2,000
+// handlers and the workflows 64, and settings say which ran.
+func TestDefaultWorkers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs workloads")
+	}
+	for _, tc := range []struct {
+		workload string
+		want     int
+	}{{"jobs", 2000}, {"chain10", 64}} {
+		res, err := Run(t.Context(), Options{Workload: tc.workload, Database: "sqlite", N: 5, Timeout: time.Minute}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := res[0].Settings["workers"]; got != tc.want || res[0].Completed != 5 {
+			t.Errorf("%s: workers %v (completed %d), want %d", tc.workload, got, res[0].Completed, tc.want)
+		}
+	}
+}

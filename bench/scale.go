@@ -29,7 +29,7 @@ func scale(ctx context.Context, o Options) ([]Result, error) {
 		levels = []int{max(o.N/100, 1), max(o.N/10, 1), o.N}
 	}
 	if o.Workers <= 0 {
-		o.Workers = 64
+		o.Workers = defaultWorkers("scale")
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = 2 * time.Hour

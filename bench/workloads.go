@@ -20,7 +20,7 @@ func runOne(ctx context.Context, name string, o Options) (Result, error) {
 		o.N = defaultN[name]
 	}
 	if o.Workers <= 0 {
-		o.Workers = 64
+		o.Workers = defaultWorkers(name)
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = 30 * time.Minute

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -65,6 +66,32 @@ func TestSchemaIsolation(t *testing.T) {
 	}
 	if len(schema) <= len(pgtest.SchemaPrefix) || schema[:len(pgtest.SchemaPrefix)] != pgtest.SchemaPrefix {
 		t.Errorf("current_schema() = %q, want a %s* schema", schema, pgtest.SchemaPrefix)
+	}
+}
+
+// TestNoForeignKeysOnRunRows: runs and step_runs carry no foreign keys
+// (migration 8: each row's check was a query and a lock, and guarded
+// nothing the writes do not), while workflow_versions keeps its own.
+func TestNoForeignKeysOnRunRows(t *testing.T) {
+	s := open(t)
+	rows, err := s.DB().QueryContext(t.Context(), `SELECT conrelid::regclass::text FROM pg_constraint WHERE contype = 'f' AND connamespace = current_schema()::regnamespace ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var tables []string
+	for rows.Next() {
+		var tb string
+		if err := rows.Scan(&tb); err != nil {
+			t.Fatal(err)
+		}
+		tables = append(tables, tb)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"workflow_versions"}; !slices.Equal(tables, want) {
+		t.Errorf("tables with foreign keys = %v, want %v", tables, want)
 	}
 }
 

@@ -39,10 +39,13 @@ type Run struct {
 	TriggerHeaders map[string]string
 	IdempotencyKey string
 	Error          string
-	ExpiresAt      time.Time
-	StartedAt      time.Time
-	FinishedAt     *time.Time
-	UpdatedAt      time.Time
+	// ExpiresAt is when the run ends as timed out if it has not finished
+	// (max_duration after its start); the store reports it as a due
+	// KindRunExpire timer then. It never changes.
+	ExpiresAt  time.Time
+	StartedAt  time.Time
+	FinishedAt *time.Time
+	UpdatedAt  time.Time
 }
 
 // StepRun is one step of a run.

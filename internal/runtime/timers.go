@@ -199,6 +199,37 @@ func (t *timerLoop) settle(runs []string, ok bool, now time.Time, maxHold time.D
 	}
 }
 
+// skipped are the runs a read of due timers leaves out: those in a fire
+// transaction and those held back after a failure. A read full of them
+// found nothing to fire and waited for a transaction to end; runs held
+// back end no transaction, so the timers due after them were never read
+// (a run's expiry has no row to lease, so a failing one stays due).
+// Runs in flight are left out only while they are few: each is a
+// parameter of the read on SQLite.
+func (t *timerLoop) skipped(now time.Time) []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []string
+	for id, f := range t.failed {
+		if now.Before(f.until) {
+			out = append(out, id)
+		}
+	}
+	var busy []string
+	for id, v := range t.firing {
+		if v < 0 {
+			busy = append(busy, id)
+		}
+	}
+	if len(busy) <= maxSkipBusy {
+		out = append(out, busy...)
+	}
+	return out
+}
+
+// maxSkipBusy bounds the runs in flight a read leaves out (see skipped).
+const maxSkipBusy = 512
+
 // nextRetry is the earliest end of a hold after now.
 func (t *timerLoop) nextRetry(now time.Time) (time.Time, bool) {
 	t.mu.Lock()
@@ -228,7 +259,7 @@ func (r *Runtime) runTimers(ctx context.Context) {
 		t.planned.Store(math.MaxInt64)
 		now := r.clk.Now()
 		read := t.beginRead()
-		items, err := r.st.DueTimers(ctx, now, t.shape.read)
+		items, err := r.st.DueTimers(ctx, now, t.shape.read, t.skipped(now)...)
 		if err != nil {
 			<-t.lanes
 			if ctx.Err() != nil {

@@ -265,3 +265,57 @@ func TestTimerCandidatesSkipRunsFiredSinceTheRead(t *testing.T) {
 		t.Errorf("%d runs still remembered after a later read began", len(tl.firing))
 	}
 }
+
+// TestHeldRunsDoNotHideLaterTimers: when a whole read's worth of runs is
+// held back after failing, the timers due after them are still read and
+// fired: a read leaves held runs out (a failing expiry, which has no row
+// to lease, stays due at the head of every read).
+func TestHeldRunsDoNotHideLaterTimers(t *testing.T) {
+	r, spy, clk := newSpied(t)
+	bad := sleepers(t, r, spy, concurrentTimers.read)
+	clk.Advance(time.Millisecond) // the good run is due after every bad one
+	res, err := r.TriggerBatch(t.Context(), "nap", []TriggerRequest{{Input: json.RawMessage(`{}`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := res[0].Run.ID
+	spy.before = func(runs []string) error {
+		for _, id := range runs {
+			if slices.Contains(bad, id) {
+				return errors.New("cannot write this run")
+			}
+		}
+		return nil
+	}
+	runLoop(t, r)
+	clk.Advance(2 * time.Second)
+	r.Nudge()
+	// The clock stays put: every bad run's hold outlasts the test.
+	waitUntil(t, "the run due after the held ones awake", func() bool { return allAwake(t, spy, []string{good}) })
+}
+
+// TestTimerReadSkipsHeldAndBusyRuns: a read leaves out the runs being
+// fired and those held back, but not runs whose hold has ended, nor the
+// runs in flight once they are more than maxSkipBusy.
+func TestTimerReadSkipsHeldAndBusyRuns(t *testing.T) {
+	tl := newTimerLoop(concurrentTimers)
+	now := time.Date(2026, 2, 22, 10, 0, 0, 0, time.UTC)
+	tl.mark([]string{"busy"}, true)
+	tl.mark([]string{"done"}, true)
+	tl.mark([]string{"done"}, false)
+	tl.settle([]string{"held"}, false, now, time.Minute)
+	tl.settle([]string{"over"}, false, now.Add(-time.Second), time.Minute)
+	got := tl.skipped(now)
+	slices.Sort(got)
+	if want := []string{"busy", "held"}; !slices.Equal(got, want) {
+		t.Fatalf("skipped = %v, want %v", got, want)
+	}
+	var many []string
+	for i := range maxSkipBusy + 1 {
+		many = append(many, fmt.Sprintf("r%d", i))
+	}
+	tl.mark(many, true)
+	if got := tl.skipped(now); !slices.Equal(got, []string{"held"}) {
+		t.Fatalf("with %d runs in flight skipped = %d runs, want only the held one", maxSkipBusy+2, len(got))
+	}
+}

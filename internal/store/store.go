@@ -259,8 +259,10 @@ type Store interface {
 	// DueTimers lists up to max timer items (TimerKinds) due at now and
 	// not held by a lease, earliest first, without locking anything: the
 	// caller picks runs from them for FireTimers. The expiries of runs not
-	// finished are among them (see KindRunExpire).
-	DueTimers(ctx context.Context, now time.Time, max int) ([]*QueueItem, error)
+	// finished are among them (see KindRunExpire). Items of the runs in
+	// skip are left out: the caller is firing them or holds them back,
+	// and a read full of them would hide the timers due after them.
+	DueTimers(ctx context.Context, now time.Time, max int, skip ...string) ([]*QueueItem, error)
 	// FireTimers applies the due timer items of the given runs in one
 	// transaction, calling fn for each under its run's lock; see
 	// sqlstore.Store.FireTimers.

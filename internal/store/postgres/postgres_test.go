@@ -698,6 +698,66 @@ func TestPipelineFailureLeavesNoTransaction(t *testing.T) {
 	}
 }
 
+// TestPipelineInRunAndClaimFailures: a single-run transaction whose fn
+// fails, one on an unknown run, one whose write fails, and a claim whose
+// write fails each leave no transaction open and nothing written, and the
+// store works afterwards.
+func TestPipelineInRunAndClaimFailures(t *testing.T) {
+	s, runs, _, now := pipeStore(t, 1)
+	ctx := t.Context()
+	boom := errors.New("boom")
+	setStep := func(tx store.RunTx) error {
+		st := tx.Step("s")
+		st.Status = status.StepSuccess
+		return tx.UpdateStep(st)
+	}
+	err := s.InRun(ctx, runs[0].ID, now, func(tx store.RunTx) error {
+		if err := setStep(tx); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("InRun whose fn fails = %v, want boom", err)
+	}
+	if err := s.InRun(ctx, "no-such-run", now, setStep); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("InRun on an unknown run = %v, want ErrNotFound", err)
+	}
+	undo := failOn(t, s, "UPDATE", "step_runs", "")
+	if err := s.InRun(ctx, runs[0].ID, now, setStep); err == nil {
+		t.Fatal("InRun whose write fails succeeded")
+	}
+	undo()
+	if n := openTransactions(t, s); n != 0 {
+		t.Fatalf("%d sessions idle in a transaction after the failed InRun calls", n)
+	}
+	if _, steps, err := s.GetRun(ctx, runs[0].ID); err != nil || steps[1].Status != status.StepSleeping {
+		t.Fatalf("step s after the failed InRun calls: %v, %v; want sleeping", steps, err)
+	}
+	if err := s.InRun(ctx, runs[0].ID, now, setStep); err != nil {
+		t.Fatalf("InRun after the failed ones: %v", err)
+	}
+
+	// A task to claim, then a claim whose write fails.
+	if err := s.InRun(ctx, runs[0].ID, now, func(tx store.RunTx) error {
+		return tx.CreateTask(&store.Task{Type: "pipe.y.v1", Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: now, Step: "s"})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	claim := store.ClaimTasks{Patterns: []string{"pipe.y.v1"}, WorkerID: "w", Lease: time.Minute, Max: 1, Now: now}
+	undo = failOn(t, s, "UPDATE", "tasks", "")
+	if got, err := s.ClaimTasks(ctx, claim); err == nil {
+		t.Fatalf("a claim whose write fails returned %d tasks", len(got))
+	}
+	undo()
+	if n := openTransactions(t, s); n != 0 {
+		t.Fatalf("%d sessions idle in a transaction after the failed claim", n)
+	}
+	if got, err := s.ClaimTasks(ctx, claim); err != nil || len(got) != 1 || got[0].Attempt != 1 {
+		t.Fatalf("claim after the failed one: %v, %v; want the task at attempt 1", got, err)
+	}
+}
+
 // TestPipelineCommitOfAbortedTransaction: a statement that fails while the
 // batch is being decided aborts the transaction; the COMMIT that follows
 // is answered with a rollback, and the batch must report that, not

@@ -392,22 +392,31 @@ func expiryItem(runID string, expires time.Time) *store.QueueItem {
 	return &store.QueueItem{Kind: store.KindRunExpire, RunID: runID, DueAt: expires}
 }
 
-// DueTimers reads up to max due timer items, earliest first, outside any
-// transaction: FireTimers decides under the locks. Each kind is walked in
+// DueTimers reads up to max due timer items, earliest first, of runs not
+// in skip, outside any transaction: FireTimers decides under the locks. Each kind is walked in
 // its own part of the queue_due index (kind, due_at, id), and expiries in
 // runs_expiry, and the walks are merged, so the read costs max rows
 // whatever else is queued; a single walk over all kinds would sort every
 // due item.
-func (s *Store) DueTimers(ctx context.Context, now time.Time, max int) ([]*store.QueueItem, error) {
-	const one = `SELECT id, kind, run_id, step, attempt, due_at FROM queue WHERE kind = ? AND due_at <= ? AND (lease_until IS NULL OR lease_until <= ?) ORDER BY due_at, id LIMIT ?`
+func (s *Store) DueTimers(ctx context.Context, now time.Time, max int, skip ...string) ([]*store.QueueItem, error) {
+	// not leaves out the runs to skip (as col) from one part.
+	not := func(col string) (string, []any) {
+		if len(skip) == 0 {
+			return "", nil
+		}
+		cond, args := s.inStrings(col, skip)
+		return ` AND NOT (` + cond + `)`, args
+	}
 	var parts []string
 	var args []any
 	for i, k := range queueTimers {
-		parts = append(parts, fmt.Sprintf(`SELECT * FROM (%s) t%d`, one, i))
-		args = append(args, k, ts(now), ts(now), max)
+		cond, skipArgs := not("run_id")
+		parts = append(parts, fmt.Sprintf(`SELECT * FROM (SELECT id, kind, run_id, step, attempt, due_at FROM queue WHERE kind = ? AND due_at <= ? AND (lease_until IS NULL OR lease_until <= ?)%s ORDER BY due_at, id LIMIT ?) t%d`, cond, i))
+		args = append(append(append(args, k, ts(now), ts(now)), skipArgs...), max)
 	}
-	parts = append(parts, `SELECT * FROM (SELECT 0 AS id, '`+store.KindRunExpire+`' AS kind, id AS run_id, '' AS step, 0 AS attempt, expires_at AS due_at FROM runs WHERE `+runsExpiring+` AND expires_at <= ? ORDER BY expires_at LIMIT ?) x`)
-	args = append(args, ts(now), max)
+	cond, skipArgs := not("id")
+	parts = append(parts, `SELECT * FROM (SELECT 0 AS id, '`+store.KindRunExpire+`' AS kind, id AS run_id, '' AS step, 0 AS attempt, expires_at AS due_at FROM runs WHERE `+runsExpiring+` AND expires_at <= ?`+cond+` ORDER BY expires_at LIMIT ?) x`)
+	args = append(append(append(args, ts(now)), skipArgs...), max)
 	rows, err := s.r.QueryContext(ctx, s.q(strings.Join(parts, ` UNION ALL `)+` ORDER BY due_at, id LIMIT ?`), append(args, max)...)
 	if err != nil {
 		return nil, fmt.Errorf("due timers: %w", err)
@@ -465,6 +474,10 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, now time.Time, 
 			rt := runs[it.RunID]
 			if rt == nil {
 				done = append(done, it.ID) // its run is gone: nothing to do
+				continue
+			}
+			if it.Kind == store.KindRunExpire && !runLive(rt.run.Status) {
+				taken-- // a timer before it in this call finished the run
 				continue
 			}
 			if err := cs.apply(rt, perRun[it.RunID] > 1, func(*changeset) error { return fn(it, rt) }); err != nil {

@@ -287,7 +287,8 @@ func (s *Store) claimInTx(ctx context.Context, req store.ClaimTasks, filter stri
 			if t.Reclaimed {
 				cs.events = append(cs.events, eventRow{owner: t.ID, seq: seqs[i] - 1, typ: "lease_expired", data: mustJSON(map[string]any{"attempt": t.Attempt - 1}), at: now})
 			}
-			cs.events = append(cs.events, eventRow{owner: t.ID, seq: seqs[i], typ: "claimed", data: mustJSON(map[string]any{"worker_id": req.WorkerID, "attempt": t.Attempt, "lease_until": until.UTC()}), at: now})
+			// The lease end as stored (microseconds), as on Postgres.
+			cs.events = append(cs.events, eventRow{owner: t.ID, seq: seqs[i], typ: "claimed", data: mustJSON(map[string]any{"worker_id": req.WorkerID, "attempt": t.Attempt, "lease_until": fromTS(ts(until))}), at: now})
 		}
 		return s.flush(ctx, tx, cs)
 	})
@@ -326,7 +327,8 @@ func (s *Store) claimPipelined(ctx context.Context, req store.ClaimTasks, filter
 				seq++
 				cs.events = append(cs.events, eventRow{owner: t.ID, seq: seq, typ: "lease_expired", data: mustJSON(map[string]any{"attempt": t.Attempt}), at: ts(now)})
 			}
-			t.Status, t.LeasedBy, t.LeaseToken, t.LeaseUntil = status.TaskLeased, req.WorkerID, tok, &until
+			lease := until // each task its own: callers may change one
+			t.Status, t.LeasedBy, t.LeaseToken, t.LeaseUntil = status.TaskLeased, req.WorkerID, tok, &lease
 			t.Attempt++
 			t.UpdatedAt = now
 			seq++

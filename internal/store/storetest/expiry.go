@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +18,107 @@ var expiryTests = []test{
 	{"ExpiryNotQueued", testExpiryNotQueued},
 	{"FailedExpiryFailsTheCall", testExpiryFailure},
 	{"LegacyExpiryRowsDropped", testLegacyExpiryRows},
+	{"ExpiryAfterTheRunFinishedInTheSameCall", testExpiryAfterFinish},
+	{"ConcurrentExpiriesExactlyOnce", testExpiryConcurrent},
+	{"DueTimersSkipsRuns", testDueTimersSkip},
+}
+
+// testExpiryAfterFinish: a run whose wake-up, applied first in a call,
+// finishes it is not expired by the same call; when the expiry comes
+// first, the wake-up after it still sees the run (and finds it over).
+func testExpiryAfterFinish(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	mk := func(wake time.Duration) *store.Run {
+		r := baseRun(wf, "")
+		r.ExpiresAt = at(2 * time.Second)
+		return mkRun(t, s, &store.NewRun{Run: r, Steps: []*store.StepRun{{Name: "b", Position: 0, Type: "sleep", Status: status.StepSleeping}},
+			Queue: []store.QueueItem{{Kind: store.KindWake, Step: "b", DueAt: at(wake)}}})
+	}
+	wakeFirst, expiryFirst := mk(time.Second), mk(3*time.Second)
+	var fired []string
+	n, errs, err := s.FireTimers(ctx, []string{wakeFirst.ID, expiryFirst.ID}, at(5*time.Second), time.Minute, func(it *store.QueueItem, tx store.RunTx) error {
+		fired = append(fired, it.RunID+" "+it.Kind)
+		if status.RunTerminal(tx.Run().Status) {
+			return nil
+		}
+		if it.Kind == store.KindRunExpire {
+			return timeout(tx, at(5*time.Second))
+		}
+		u := *tx.Run()
+		u.Status, u.FinishedAt = status.RunCompleted, ptr(at(5*time.Second))
+		return tx.UpdateRun(&u)
+	})
+	must(t, err, "FireTimers")
+	want := []string{wakeFirst.ID + " " + store.KindWake, expiryFirst.ID + " " + store.KindRunExpire, expiryFirst.ID + " " + store.KindWake}
+	sort.Strings(fired)
+	sort.Strings(want)
+	diff(t, "fn calls", want, fired)
+	if n != 3 || len(errs) != 0 {
+		t.Errorf("FireTimers took %d items with errors %v, want 3 and none", n, errs)
+	}
+	for id, st := range map[string]string{wakeFirst.ID: status.RunCompleted, expiryFirst.ID: status.RunTimeout} {
+		if r, _ := getRun(t, s, id); r.Status != st {
+			t.Errorf("run %s = %s, want %s", id, r.Status, st)
+		}
+	}
+}
+
+// testExpiryConcurrent: four callers fire the same 40 expired runs in
+// overlapping calls; each expiry is applied exactly once.
+func testExpiryConcurrent(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	var ids []string
+	for i := range 40 {
+		ids = append(ids, expiringRun(t, s, wf, status.RunRunning, at(time.Duration(i)*time.Millisecond)).ID)
+	}
+	var mu sync.Mutex
+	count := map[string]int{}
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			mine := append(append([]string(nil), ids[w*10:]...), ids[:w*10]...)
+			_, _, err := s.FireTimers(ctx, mine, at(time.Second), time.Minute, func(it *store.QueueItem, tx store.RunTx) error {
+				mu.Lock()
+				count[it.RunID]++
+				mu.Unlock()
+				return timeout(tx, at(time.Second))
+			})
+			if err != nil {
+				t.Errorf("FireTimers: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	for _, id := range ids {
+		if count[id] != 1 {
+			t.Errorf("run %s expired %d times, want 1", id, count[id])
+		}
+	}
+	if due, err := s.DueTimers(ctx, at(time.Second), 100); err != nil || len(due) != 0 {
+		t.Errorf("due after the calls: %d, %v; want none", len(due), err)
+	}
+}
+
+// testDueTimersSkip: the runs a caller names are left out of the read,
+// their queued timers and their expiries alike.
+func testDueTimersSkip(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	sleeper := mkSimpleRun(t, s, wf, store.QueueItem{Kind: store.KindWake, Step: "b", DueAt: at(time.Second)})
+	waiter := mkSimpleRun(t, s, wf, store.QueueItem{Kind: store.KindWaitTimeout, Step: "b", DueAt: at(2 * time.Second)})
+	expired := expiringRun(t, s, wf, status.RunRunning, at(3*time.Second))
+	other := expiringRun(t, s, wf, status.RunPaused, at(4*time.Second))
+	due, err := s.DueTimers(ctx, at(5*time.Second), 10, sleeper.ID, expired.ID)
+	must(t, err, "DueTimers")
+	var got []string
+	for _, it := range due {
+		got = append(got, it.RunID)
+	}
+	diff(t, "runs due, two skipped", []string{waiter.ID, other.ID}, got)
 }
 
 // expiringRun creates a run of wf in st that expires at exp.
@@ -176,4 +278,13 @@ func testLegacyExpiryRows(t *testing.T, s store.Store) {
 	due, err := s.DueTimers(ctx, at(5*time.Second), 10)
 	must(t, err, "DueTimers")
 	diff(t, "due after migrating", []*store.QueueItem{{Kind: store.KindRunExpire, RunID: r.ID, DueAt: at(3 * time.Second)}}, due)
+	calls := 0
+	n, _, err := s.FireTimers(ctx, []string{r.ID}, at(5*time.Second), time.Minute, func(it *store.QueueItem, tx store.RunTx) error {
+		calls++
+		return timeout(tx, at(5*time.Second))
+	})
+	must(t, err, "FireTimers")
+	if n != 1 || calls != 1 {
+		t.Errorf("the migrated run expired %d times (%d taken), want once", calls, n)
+	}
 }

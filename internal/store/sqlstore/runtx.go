@@ -393,11 +393,11 @@ func expiryItem(runID string, expires time.Time) *store.QueueItem {
 }
 
 // DueTimers reads up to max due timer items, earliest first, of runs not
-// in skip, outside any transaction: FireTimers decides under the locks. Each kind is walked in
-// its own part of the queue_due index (kind, due_at, id), and expiries in
-// runs_expiry, and the walks are merged, so the read costs max rows
-// whatever else is queued; a single walk over all kinds would sort every
-// due item.
+// in skip, outside any transaction: FireTimers decides under the locks.
+// Each kind is walked in its own part of the queue_due index (kind,
+// due_at, id), and expiries in runs_expiry, and the walks are merged, so
+// the read costs max rows whatever else is queued; a single walk over all
+// kinds would sort every due item.
 func (s *Store) DueTimers(ctx context.Context, now time.Time, max int, skip ...string) ([]*store.QueueItem, error) {
 	// not leaves out the runs to skip (as col) from one part.
 	not := func(col string) (string, []any) {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"sync"
 	"testing"
 	"time"
 
@@ -73,26 +72,9 @@ func testExpiryConcurrent(t *testing.T, s store.Store) {
 	for i := range 40 {
 		ids = append(ids, expiringRun(t, s, wf, status.RunRunning, at(time.Duration(i)*time.Millisecond)).ID)
 	}
-	var mu sync.Mutex
-	count := map[string]int{}
-	var wg sync.WaitGroup
-	for w := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			mine := append(append([]string(nil), ids[w*10:]...), ids[:w*10]...)
-			_, _, err := s.FireTimers(ctx, mine, at(time.Second), time.Minute, func(it *store.QueueItem, tx store.RunTx) error {
-				mu.Lock()
-				count[it.RunID]++
-				mu.Unlock()
-				return timeout(tx, at(time.Second))
-			})
-			if err != nil {
-				t.Errorf("FireTimers: %v", err)
-			}
-		}()
-	}
-	wg.Wait()
+	count := fireConcurrently(t, s, ids, len(ids), at(time.Second), func(_ *store.QueueItem, tx store.RunTx) error {
+		return timeout(tx, at(time.Second))
+	})
 	for _, id := range ids {
 		if count[id] != 1 {
 			t.Errorf("run %s expired %d times, want 1", id, count[id])

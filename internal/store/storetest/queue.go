@@ -179,6 +179,27 @@ func testFireTimersConcurrent(t *testing.T, s store.Store) {
 		r := mkSimpleRun(t, s, wf, store.QueueItem{Kind: store.KindWake, Step: "b", DueAt: at(time.Duration(i) * time.Millisecond)})
 		ids = append(ids, r.ID)
 	}
+	count := fireConcurrently(t, s, ids, 40, at(time.Second), func(it *store.QueueItem, tx store.RunTx) error {
+		st := tx.Step("b")
+		st.Status = status.StepSuccess
+		return tx.UpdateStep(st)
+	})
+	for _, id := range ids {
+		if count[id] != 1 {
+			t.Errorf("run %s: timer applied %d times, want 1", id, count[id])
+		}
+	}
+	// Before the runs expire (at 1h), nothing is left due.
+	if due, err := s.DueTimers(ctx, at(time.Minute), 100); err != nil || len(due) != 0 {
+		t.Errorf("due timers left: %d, err %v", len(due), err)
+	}
+}
+
+// fireConcurrently has 4 timer loops fire overlapping windows of n of
+// ids (loop g starts 10·g runs in) at now, applying each item with apply,
+// and returns how many times each run's items were applied.
+func fireConcurrently(t *testing.T, s store.Store, ids []string, n int, now time.Time, apply func(*store.QueueItem, store.RunTx) error) map[string]int {
+	t.Helper()
 	var mu sync.Mutex
 	count := map[string]int{}
 	var wg sync.WaitGroup
@@ -187,15 +208,12 @@ func testFireTimersConcurrent(t *testing.T, s store.Store) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			// Each loop takes a different, overlapping window of the runs.
-			mine := append(slices.Clone(ids[g*10:]), ids[:g*10]...)[:40]
-			_, errs, err := s.FireTimers(ctx, mine, at(time.Second), time.Minute, func(it *store.QueueItem, tx store.RunTx) error {
+			mine := append(slices.Clone(ids[g*10:]), ids[:g*10]...)[:n]
+			_, errs, err := s.FireTimers(t.Context(), mine, now, time.Minute, func(it *store.QueueItem, tx store.RunTx) error {
 				mu.Lock()
 				count[it.RunID]++
 				mu.Unlock()
-				st := tx.Step("b")
-				st.Status = status.StepSuccess
-				return tx.UpdateStep(st)
+				return apply(it, tx)
 			})
 			if err == nil && len(errs) > 0 {
 				err = errs[0]
@@ -208,15 +226,7 @@ func testFireTimersConcurrent(t *testing.T, s store.Store) {
 	for err := range errc {
 		must(t, err, "FireTimers")
 	}
-	for _, id := range ids {
-		if count[id] != 1 {
-			t.Errorf("run %s: timer applied %d times, want 1", id, count[id])
-		}
-	}
-	// Before the runs expire (at 1h), nothing is left due.
-	if due, err := s.DueTimers(ctx, at(time.Minute), 100); err != nil || len(due) != 0 {
-		t.Errorf("due timers left: %d, err %v", len(due), err)
-	}
+	return count
 }
 
 // testNextDueKinds: NextDue looks only at the kinds asked for, only after

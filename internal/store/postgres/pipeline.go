@@ -19,6 +19,9 @@ import (
 // batch having been sent. A COMMIT the server answers with ROLLBACK (its
 // transaction was aborted before) is an error.
 func pipeline(ctx context.Context, conn *sql.Conn, qs []sqlstore.PipeQuery) error {
+	if spy, ok := ctx.Value(spyKey{}).(func([]sqlstore.PipeQuery)); ok {
+		spy(qs)
+	}
 	return conn.Raw(func(dc any) error {
 		sc, ok := dc.(*stdlib.Conn)
 		if !ok {
@@ -52,3 +55,7 @@ func pipeline(ctx context.Context, conn *sql.Conn, qs []sqlstore.PipeQuery) erro
 		return first
 	})
 }
+
+// spyKey is the context key under which this package's tests pass a
+// function that sees each pipeline before it is sent.
+type spyKey struct{}

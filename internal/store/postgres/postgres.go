@@ -30,6 +30,14 @@ import (
 
 const channel = "ferry_queue"
 
+// genericPlans makes the rest of a transaction plan its statements once
+// (generic plans) and through indexes: a generic plan cannot see how many
+// keys an array argument holds and assumes ten, which made a hash join
+// over every row of runs look cheaper than ten index lookups (0.16 of a
+// write statement's 0.29 ms with 1,000 runs). The transactions that use it
+// only read and write rows by key (see sqlstore's pipeline.go).
+const genericPlans = "SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)"
+
 // Store is the Postgres store with LISTEN/NOTIFY wake-ups.
 type Store struct {
 	*sqlstore.Store
@@ -96,6 +104,7 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 		Analyze:    "ANALYZE runs, step_runs, tasks, queue",
 		RowVersion: "r.xmin::text",
 		Pipeline:   pipeline,
+		Generic:    genericPlans,
 	}, db, rdb)
 	s.EnableVersionCache()
 	var scope string

@@ -46,6 +46,10 @@ type Dialect struct {
 	// Pipeline, when set, sends statements on conn in one round trip and
 	// reads their results in order (see pipeline.go).
 	Pipeline func(ctx context.Context, conn *sql.Conn, qs []PipeQuery) error
+	// Generic, when set, is the statement that makes the rest of a
+	// pipelined transaction run its prepared statements on generic plans
+	// (see pipeline.go).
+	Generic string
 }
 
 // Store implements store.Store over database/sql.

@@ -308,7 +308,7 @@ func (s *Store) claimPipelined(ctx context.Context, req store.ClaimTasks, filter
 	var qs []PipeQuery
 	for _, walk := range walks {
 		args := append(append([]any{ts(req.Now)}, fargs...), req.Max)
-		qs = append(qs, PipeQuery{SQL: s.q(`SELECT ` + taskCols + `, event_seq FROM tasks WHERE ` + walk + ` LIMIT ?` + s.d.SkipLocked), Args: args, Rows: func(r PipeRows) error {
+		qs = append(qs, PipeQuery{SQL: s.q(`SELECT ` + taskCols + `, event_seq FROM tasks WHERE ` + walk + ` LIMIT ?` + s.d.SkipLocked), Args: args, Custom: true, Rows: func(r PipeRows) error {
 			found, err := scanLockedTasks(r)
 			for _, lt := range found {
 				cands = append(cands, lt)

@@ -48,7 +48,15 @@ type Store struct {
 	// must not be woken by this one's commits.
 	scope string
 
-	local     atomic.Pointer[func(store.Committed)]
+	local atomic.Pointer[func(store.Committed)]
+	// listening is set while this node's LISTEN connection is up, and
+	// heard is when it last heard another node of its scope (Unix ns):
+	// a node that listens and has heard no other for peerTTL is alone,
+	// and its commits notify no one (see publish).
+	listening atomic.Bool
+	heard     atomic.Int64
+	quiet     atomic.Int64     // commits not announced, the node being alone
+	now       func() time.Time // time.Now; tests move it
 	pub       chan struct{}
 	stop      chan struct{}
 	pubDone   sync.WaitGroup
@@ -112,7 +120,7 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 		_ = s.Close()
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
-	st := &Store{Store: s, dsn: dsn, node: rand.Text(), scope: scope, pub: make(chan struct{}, 1), stop: make(chan struct{})}
+	st := &Store{Store: s, dsn: dsn, node: rand.Text(), scope: scope, now: time.Now, pub: make(chan struct{}, 1), stop: make(chan struct{})}
 	st.pubDone.Add(1)
 	go st.publish()
 	st.Store.OnCommit(st.committed)
@@ -137,20 +145,77 @@ func (s *Store) committed(c store.Committed) {
 // inside a transaction serialises every notifying commit on Postgres's
 // notification lock, and one per commit woke every node for each step.
 // Commits made while a NOTIFY is in flight share the next one.
+//
+// A node alone notifies no one: a NOTIFY per commit was a statement, a
+// round trip and a wake-up of the node's own listener, for nothing, on the
+// one-server deployments most are (chain10 on Postgres +3–18 %). A node
+// knows it is not alone once it has heard another node of its scope: every
+// listening node says hello when its LISTEN starts and every helloEvery
+// after, and any notification counts. A node that learns of a peer it had
+// not heard from sends a wake-up at once, so whatever it committed before
+// it knew reaches the newcomer, which rechecks everything when woken; the
+// newcomer, learning of it by that wake-up, does the same in turn. A node
+// whose listener is down, or that never listens, notifies every commit.
 func (s *Store) publish() {
 	defer s.pubDone.Done()
+	tick := time.NewTicker(helloEvery)
+	defer tick.Stop()
 	for {
+		payload := s.node + ":" + s.scope
 		select {
 		case <-s.stop:
 			return
+		case <-tick.C:
+			if !s.listening.Load() {
+				continue
+			}
+			payload = helloPrefix + payload
 		case <-s.pub:
+			if s.alone() {
+				s.quiet.Add(1)
+				continue
+			}
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if _, err := s.DB().ExecContext(ctx, "SELECT pg_notify($1, $2)", channel, s.node+":"+s.scope); err != nil {
-			slog.Warn("postgres notify failed; other nodes wake at their next sweep", "err", err)
-		}
-		cancel()
+		s.notify(payload)
 	}
+}
+
+const (
+	// peerTTL is how long a node heard from counts as listening.
+	peerTTL = time.Minute
+	// helloEvery keeps an idle node known to its peers.
+	helloEvery = peerTTL / 3
+	// helloPrefix marks a node's hello; nodes before it take a hello for
+	// a commit's wake-up, which is harmless.
+	helloPrefix = "hello/"
+	// helloSQL is the listener's first hello, after LISTEN.
+	helloSQL = "SELECT pg_notify($1, '" + helloPrefix + "' || $2)"
+)
+
+func (s *Store) notify(payload string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := s.DB().ExecContext(ctx, "SELECT pg_notify($1, $2)", channel, payload); err != nil {
+		slog.Warn("postgres notify failed; other nodes wake at their next sweep", "err", err)
+	}
+}
+
+// alone: this node listens and has heard no other node of its scope for
+// peerTTL.
+func (s *Store) alone() bool {
+	return s.listening.Load() && s.now().UnixNano()-s.heard.Load() > int64(peerTTL)
+}
+
+// heardPeer records a notification from another node of this scope and,
+// when that node was not known, wakes it (see publish).
+func (s *Store) heardPeer() {
+	if s.alone() {
+		select {
+		case s.pub <- struct{}{}:
+		default:
+		}
+	}
+	s.heard.Store(s.now().UnixNano())
 }
 
 // Close stops the publisher and closes the pools.
@@ -221,14 +286,26 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
 	if _, err := conn.Exec(ctx, "LISTEN "+channel); err != nil {
 		return err
 	}
+	s.listening.Store(true)
+	defer s.listening.Store(false)
+	// The hello goes on this connection: it is sent once LISTEN is in
+	// force, and a failure to send it ends the listener like any other.
+	if _, err := conn.Exec(ctx, helloSQL, channel, s.node+":"+s.scope); err != nil {
+		return err
+	}
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
 			return err
 		}
-		node, scope, _ := strings.Cut(n.Payload, ":") // a node id has no ':'
+		payload, hello := strings.CutPrefix(n.Payload, helloPrefix)
+		node, scope, _ := strings.Cut(payload, ":") // a node id has no ':'
 		if node == s.node || scope != s.scope {
 			continue // this node woke itself already, or another deployment's
+		}
+		s.heardPeer()
+		if hello {
+			continue // a node saying it is there, not work
 		}
 		select {
 		case ch <- struct{}{}:

@@ -203,7 +203,8 @@ func listeningNode(t *testing.T) (dsn string, wake <-chan struct{}) {
 }
 
 // listening starts s's Wakeups and returns once its connection (named
-// app) has run LISTEN: NOTIFY reaches only sessions already listening.
+// app) has run LISTEN and said hello: NOTIFY reaches only sessions already
+// listening.
 func listening(t *testing.T, s *postgres.Store, app string) <-chan struct{} {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
@@ -219,7 +220,7 @@ func listening(t *testing.T, s *postgres.Store, app string) <-chan struct{} {
 	defer tick.Stop()
 	for {
 		var n int
-		err := s.DB().QueryRowContext(t.Context(), `SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = $1 AND query ILIKE 'LISTEN %' AND state = 'idle'`, app).Scan(&n)
+		err := s.DB().QueryRowContext(t.Context(), `SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'SELECT pg_notify($1, ''hello/''%' AND state = 'idle'`, app).Scan(&n)
 		if err != nil {
 			t.Fatal(err)
 		}

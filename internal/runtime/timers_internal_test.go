@@ -273,12 +273,6 @@ func TestTimerCandidatesSkipRunsFiredSinceTheRead(t *testing.T) {
 func TestHeldRunsDoNotHideLaterTimers(t *testing.T) {
 	r, spy, clk := newSpied(t)
 	bad := sleepers(t, r, spy, concurrentTimers.read)
-	clk.Advance(time.Millisecond) // the good run is due after every bad one
-	res, err := r.TriggerBatch(t.Context(), "nap", []TriggerRequest{{Input: json.RawMessage(`{}`)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	good := res[0].Run.ID
 	spy.before = func(runs []string) error {
 		for _, id := range runs {
 			if slices.Contains(bad, id) {
@@ -288,10 +282,46 @@ func TestHeldRunsDoNotHideLaterTimers(t *testing.T) {
 		return nil
 	}
 	runLoop(t, r)
-	clk.Advance(2 * time.Second)
+	clk.Advance(time.Second)
 	r.Nudge()
-	// The clock stays put: every bad run's hold outlasts the test.
+	// Every bad run fails and is held back (for timerRetry, which the
+	// clock will not reach again)...
+	waitUntil(t, "every bad run held back", func() bool {
+		for _, id := range bad {
+			if !held(r, id) {
+				return false
+			}
+		}
+		return true
+	})
+	// ...and a run that comes due now is read past them and fired.
+	def, err := spec.Parse([]byte(`{"name": "blink", "tasks": {"nap": {"sleep": "10ms"}}}`), spec.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := spy.CreateWorkflow(t.Context(), &store.Workflow{Name: def.Name, Definition: def.Source, Fingerprint: def.Fingerprint(), Enabled: true}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := r.TriggerBatch(t.Context(), "blink", []TriggerRequest{{Input: json.RawMessage(`{}`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := res[0].Run.ID
+	clk.Advance(10 * time.Millisecond)
+	r.Nudge()
 	waitUntil(t, "the run due after the held ones awake", func() bool { return allAwake(t, spy, []string{good}) })
+	for _, id := range bad {
+		if !held(r, id) {
+			t.Fatalf("bad run %s is no longer held back: the clock moved past its hold", id)
+		}
+	}
+}
+
+// held: the run's last fire transaction failed.
+func held(r *Runtime, id string) bool {
+	r.timers.mu.Lock()
+	defer r.timers.mu.Unlock()
+	return r.timers.failed[id] != nil
 }
 
 // TestTimerReadSkipsHeldAndBusyRuns: a read leaves out the runs being

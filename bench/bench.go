@@ -181,7 +181,13 @@ func freshDatabase(ctx context.Context, database string) (url string, backend st
 		return "sqlite:" + filepath.Join(dir, "bench.db") + opts, "sqlite", func() { os.RemoveAll(dir) }, nil
 	case strings.HasPrefix(database, "postgres://"), strings.HasPrefix(database, "postgresql://"):
 		schema := "ferry_bench_" + strings.ToLower(rand.Text()[:10])
-		conn, err := pgx.Connect(ctx, database)
+		// The schema is made on a plain connection: Ferry's own URL
+		// parameters (ferry_max_conns) are not Postgres's.
+		server, err := postgres.ServerURL(database)
+		if err != nil {
+			return "", "", nil, err
+		}
+		conn, err := pgx.Connect(ctx, server)
 		if err != nil {
 			return "", "", nil, err
 		}
@@ -194,7 +200,7 @@ func freshDatabase(ctx context.Context, database string) (url string, backend st
 			return "", "", nil, err
 		}
 		return dsn, "postgres", func() {
-			c, err := pgx.Connect(context.Background(), database)
+			c, err := pgx.Connect(context.Background(), server)
 			if err == nil {
 				_, _ = c.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
 				c.Close(context.Background())

@@ -62,6 +62,24 @@ func TestWorkloadsReportEveryKey(t *testing.T) {
 // TestSleepRSSAndRepeat: sleep-rss holds every run asleep, start times
 // every run's first step, and --repeat reports the median run with every
 // run's rate in settings.
+// TestPostgresMaxConnsOption: a Postgres URL may carry Ferry's
+// ferry_max_conns, which the bench passes to the engine (and records)
+// but not to the connection that makes its schema.
+func TestPostgresMaxConnsOption(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a workload")
+	}
+	dsn := pgtest.DSN(t)
+	database := dsn[:strings.Index(dsn, "?")] + "?sslmode=disable&ferry_max_conns=4"
+	res, err := Run(t.Context(), Options{Workload: "chain10", Database: database, N: 5, Workers: 2, Timeout: time.Minute}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := res[0]; r.Completed != 5 || r.Settings["postgres_max_conns"] != "4" {
+		t.Fatalf("chain10 with ferry_max_conns=4: completed %d, postgres_max_conns %v", r.Completed, r.Settings["postgres_max_conns"])
+	}
+}
+
 func TestSleepRSSAndRepeat(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs workloads")

@@ -233,6 +233,14 @@ func (s *Store) Close() error {
 // ferry_max_conns; 32 measured ≈15 % faster than 16 on two cores.
 const DefaultMaxConns = 32
 
+// ServerURL is dsn without the parameters only Ferry reads
+// (ferry_max_conns): what Postgres itself accepts, for tools that connect
+// with the URL Ferry is given.
+func ServerURL(dsn string) (string, error) {
+	dsn, _, err := takeMaxConns(dsn)
+	return dsn, err
+}
+
 func takeMaxConns(dsn string) (string, int, error) {
 	u, err := url.Parse(dsn)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,7 +22,10 @@ import (
 // node starts, its hello makes the first wake it at once (covering what
 // the first committed before it knew), the second answers with a wake-up
 // of its own, and from then on the first node's commits wake the second.
-// Once the first has heard nothing for peerTTL it is alone again.
+// A third node starting while the two know each other is answered by
+// both, so it is not alone either. Once the first has heard nothing for
+// peerTTL it is alone again, and when its own hellos stop coming back
+// (its listener may be dead) it notifies every commit again.
 func TestLoneNodeNotifiesNoOne(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	ctx := t.Context()
@@ -36,27 +40,34 @@ func TestLoneNodeNotifiesNoOne(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	commit := func() {
+	commit := func(s *Store) {
 		t.Helper()
 		now := time.Now().UTC()
-		if _, _, err := a.CreateRun(ctx, &store.NewRun{Run: store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: now.Add(time.Hour), StartedAt: now}}, now); err != nil {
+		if _, _, err := s.CreateRun(ctx, &store.NewRun{Run: store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: now.Add(time.Hour), StartedAt: now}}, now); err != nil {
 			t.Fatal(err)
 		}
 	}
-	listen(t, a)
-	waitFor(t, heard, helloPrefix+a.node)
-
-	commit()
-	deadline := time.Now().Add(10 * time.Second)
-	for a.quiet.Load() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the lone node's commit was neither announced nor counted as quiet within 10s")
-		}
-		time.Sleep(time.Millisecond) // polling a counter, with a deadline
+	// quietly: s's next commit is counted as not announced.
+	quietly := func(s *Store, what string) {
+		t.Helper()
+		before := s.quiet.Load()
+		commit(s)
+		poll(t, what, func() bool { return s.quiet.Load() > before })
+	}
+	selfHeard := func(s *Store) {
+		t.Helper()
+		before := s.self.Load()
+		s.notify(helloPrefix + s.node + ":" + s.scope)
+		poll(t, "the node's own hello back", func() bool { return s.self.Load() > before })
 	}
 
+	listen(t, a)
+	waitFor(t, heard, helloPrefix+a.node)
+	poll(t, "a's own hello back", func() bool { return a.self.Load() >= 0 })
+	quietly(a, "a's commit, alone, counted as quiet")
+
 	b := openNode(t, dsn)
-	wakeB := listen(t, b)
+	wakeB, stopB := listen(t, b)
 	got := waitFor(t, heard, b.node) // b's answer, the last of the exchange
 	want := []string{helloPrefix + b.node, a.node, b.node}
 	if !slices.Equal(got, want) {
@@ -67,8 +78,7 @@ func TestLoneNodeNotifiesNoOne(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("a's wake-up did not wake b's runtime")
 	}
-
-	commit()
+	commit(a)
 	waitFor(t, heard, a.node)
 	select {
 	case <-wakeB:
@@ -76,16 +86,54 @@ func TestLoneNodeNotifiesNoOne(t *testing.T) {
 		t.Fatal("a's commit did not wake b once a knew of b")
 	}
 
-	// Past peerTTL without hearing b (a's clock moved), a is alone again.
-	offset.Store(int64(2 * peerTTL))
-	quiet := a.quiet.Load()
-	commit()
-	deadline = time.Now().Add(10 * time.Second)
-	for a.quiet.Load() == quiet {
-		if time.Now().After(deadline) {
-			t.Fatal("a node that has heard no one for peerTTL announced its commit")
+	// A third node, while a and b know each other: both answer its hello.
+	c := openNode(t, dsn)
+	_, stopC := listen(t, c)
+	got = waitFor(t, heard, c.node) // c's answer to the first of theirs
+	for _, n := range []string{helloPrefix + c.node} {
+		if !slices.Contains(got, n) {
+			t.Fatalf("notifications after c started = %q, want %q among them", got, n)
 		}
-		time.Sleep(time.Millisecond) // polling a counter, with a deadline
+	}
+	if !slices.Contains(got, a.node) && !slices.Contains(got, b.node) {
+		t.Fatalf("notifications after c started = %q: neither a nor b answered c's hello", got)
+	}
+	poll(t, "c to hear c's own hello", func() bool { return c.self.Load() >= 0 })
+	quiet := c.quiet.Load()
+	commit(c)
+	waitFor(t, heard, c.node)
+	if c.quiet.Load() != quiet {
+		t.Fatal("c's commit was not announced though a and b had answered its hello")
+	}
+
+	// b and c stop listening (they would answer a's hellos). Past peerTTL
+	// without hearing another node (a's clock moved), a is alone again
+	// once its own hello is back.
+	stopB()
+	stopC()
+	offset.Store(int64(2 * peerTTL))
+	selfHeard(a)
+	quietly(a, "a's commit, alone again, counted as quiet")
+
+	// Its own hellos stop coming back: a notifies every commit again.
+	offset.Add(int64(selfTTL + time.Second))
+	quiet = a.quiet.Load()
+	commit(a)
+	waitFor(t, heard, a.node)
+	if a.quiet.Load() != quiet {
+		t.Fatal("a node whose own hellos stopped coming back counted a commit as quiet")
+	}
+}
+
+// poll waits for cond, checking a counter or a time the store keeps.
+func poll(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond) // polling, with a deadline
 	}
 }
 
@@ -99,16 +147,20 @@ func openNode(t *testing.T, dsn string) *Store {
 	return s
 }
 
-// listen starts s's listener and returns its wake-ups.
-func listen(t *testing.T, s *Store) <-chan struct{} {
+// listen starts s's listener and returns its wake-ups and what stops it.
+func listen(t *testing.T, s *Store) (<-chan struct{}, func()) {
 	ctx, cancel := context.WithCancel(t.Context())
 	wake := s.Wakeups(ctx)
-	t.Cleanup(func() {
-		cancel()
-		for range wake {
-		}
-	})
-	return wake
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			for range wake {
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return wake, stop
 }
 
 // rawListener records the notifications of scope on Ferry's channel, each

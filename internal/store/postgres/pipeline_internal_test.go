@@ -116,7 +116,11 @@ func TestPipelinesPlanKeyedStatementsOnce(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("InRun: %v", err)
 	}
-	for i, p := range recorded() {
+	pipes := recorded()
+	if len(pipes) != 4 {
+		t.Fatalf("a report and an InRun sent %d pipelines, want two each: %q", len(pipes), pipes)
+	}
+	for i, p := range pipes {
 		if i%2 == 0 && (len(p) < 2 || p[0] != "BEGIN" || p[1] != genericPlans) {
 			t.Fatalf("pipeline %d = %q; want BEGIN, then %q", i, p, genericPlans)
 		}

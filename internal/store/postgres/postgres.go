@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/url"
 	"strconv"
 	"strings"
@@ -35,7 +36,10 @@ const channel = "ferry_queue"
 // keys an array argument holds and assumes ten, which made a hash join
 // over every row of runs look cheaper than ten index lookups (0.16 of a
 // write statement's 0.29 ms with 1,000 runs). The transactions that use it
-// only read and write rows by key (see sqlstore's pipeline.go).
+// only read and write rows by key (see sqlstore's pipeline.go). The
+// settings apply when a plan is made, and a connection keeps one generic
+// plan per statement: the statements of these transactions are not sent
+// outside them, so none runs on a plan made without the settings.
 const genericPlans = "SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)"
 
 // Store is the Postgres store with LISTEN/NOTIFY wake-ups.
@@ -49,18 +53,20 @@ type Store struct {
 	scope string
 
 	local atomic.Pointer[func(store.Committed)]
-	// listening is set while this node's LISTEN connection is up, and
-	// heard is when it last heard another node of its scope (Unix ns):
-	// a node that listens and has heard no other for peerTTL is alone,
-	// and its commits notify no one (see publish).
-	listening atomic.Bool
-	heard     atomic.Int64
-	quiet     atomic.Int64     // commits not announced, the node being alone
-	now       func() time.Time // time.Now; tests move it
-	pub       chan struct{}
-	stop      chan struct{}
-	pubDone   sync.WaitGroup
-	closeOnce sync.Once
+	// listening is set while this node's LISTEN connection is up; heard
+	// is when it last heard another node of its scope, self when its own
+	// hello last came back (since base, on the monotonic clock). A node
+	// that listens, hears its own hellos and has heard no other node for
+	// peerTTL is alone, and its commits notify no one (see publish).
+	listening   atomic.Bool
+	heard, self atomic.Int64
+	base        time.Time
+	now         func() time.Time // time.Now; tests move it
+	quiet       atomic.Int64     // commits not announced, the node being alone
+	pub         chan struct{}
+	stop        chan struct{}
+	pubDone     sync.WaitGroup
+	closeOnce   sync.Once
 }
 
 // Open connects to the database at dsn (a postgres:// URL).
@@ -120,7 +126,9 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 		_ = s.Close()
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
-	st := &Store{Store: s, dsn: dsn, node: rand.Text(), scope: scope, now: time.Now, pub: make(chan struct{}, 1), stop: make(chan struct{})}
+	st := &Store{Store: s, dsn: dsn, node: rand.Text(), scope: scope, base: time.Now(), now: time.Now, pub: make(chan struct{}, 1), stop: make(chan struct{})}
+	st.heard.Store(math.MinInt64 / 2) // no other node heard yet
+	st.self.Store(math.MinInt64 / 2)  // not alone before its first hello is back
 	st.pubDone.Add(1)
 	go st.publish()
 	st.Store.OnCommit(st.committed)
@@ -149,13 +157,16 @@ func (s *Store) committed(c store.Committed) {
 // A node alone notifies no one: a NOTIFY per commit was a statement, a
 // round trip and a wake-up of the node's own listener, for nothing, on the
 // one-server deployments most are (chain10 on Postgres +3–18 %). A node
-// knows it is not alone once it has heard another node of its scope: every
-// listening node says hello when its LISTEN starts and every helloEvery
-// after, and any notification counts. A node that learns of a peer it had
-// not heard from sends a wake-up at once, so whatever it committed before
-// it knew reaches the newcomer, which rechecks everything when woken; the
-// newcomer, learning of it by that wake-up, does the same in turn. A node
-// whose listener is down, or that never listens, notifies every commit.
+// knows it is not alone once it has heard another node of its scope:
+// every listening node says hello when its LISTEN starts and every
+// helloEvery after, and any notification counts. Every node that hears a
+// hello answers it with a wake-up, so a newcomer learns of the others at
+// once and whatever they committed before they heard it reaches it (a
+// woken node rechecks everything); a node that had been alone and hears
+// another sends a wake-up too, for what it committed meanwhile. A node
+// notifies every commit while its listener is down, when it never
+// listens, and when its own hellos stop coming back (a connection that
+// died without an error).
 func (s *Store) publish() {
 	defer s.pubDone.Done()
 	tick := time.NewTicker(helloEvery)
@@ -185,6 +196,12 @@ const (
 	peerTTL = time.Minute
 	// helloEvery keeps an idle node known to its peers.
 	helloEvery = peerTTL / 3
+	// selfTTL is how long a node's own hello counts as proof that its
+	// listener hears: two hellos missed and it is not alone any more.
+	selfTTL = 2*helloEvery + 5*time.Second
+	// silence ends a listener that heard nothing, not even its own
+	// hellos: its connection is taken for dead and opened again.
+	silence = selfTTL
 	// helloPrefix marks a node's hello; nodes before it take a hello for
 	// a commit's wake-up, which is harmless.
 	helloPrefix = "hello/"
@@ -200,22 +217,28 @@ func (s *Store) notify(payload string) {
 	}
 }
 
-// alone: this node listens and has heard no other node of its scope for
-// peerTTL.
+// alone: this node listens, its own hellos come back, and it has heard no
+// other node of its scope for peerTTL.
 func (s *Store) alone() bool {
-	return s.listening.Load() && s.now().UnixNano()-s.heard.Load() > int64(peerTTL)
+	t := s.since()
+	return s.listening.Load() && t-s.heard.Load() > int64(peerTTL) && t-s.self.Load() <= int64(selfTTL)
 }
 
-// heardPeer records a notification from another node of this scope and,
-// when that node was not known, wakes it (see publish).
-func (s *Store) heardPeer() {
-	if s.alone() {
+func (s *Store) since() int64 { return int64(s.now().Sub(s.base)) }
+
+// heardPeer records a notification from another node of this scope and
+// wakes the others when it was a hello or this node had been alone (see
+// publish). heard is set first: the wake-up is sent only if the node is
+// not alone when publish takes it.
+func (s *Store) heardPeer(hello bool) {
+	was := s.alone()
+	s.heard.Store(s.since())
+	if was || hello {
 		select {
 		case s.pub <- struct{}{}:
 		default:
 		}
 	}
-	s.heard.Store(s.now().UnixNano())
 }
 
 // Close stops the publisher and closes the pools.
@@ -302,16 +325,27 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
 		return err
 	}
 	for {
-		n, err := conn.WaitForNotification(ctx)
+		wctx, cancel := context.WithTimeout(ctx, silence)
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
 		if err != nil {
+			if ctx.Err() == nil && wctx.Err() != nil {
+				return fmt.Errorf("no notification for %s, not even this node's own hello", silence)
+			}
 			return err
 		}
 		payload, hello := strings.CutPrefix(n.Payload, helloPrefix)
 		node, scope, _ := strings.Cut(payload, ":") // a node id has no ':'
-		if node == s.node || scope != s.scope {
-			continue // this node woke itself already, or another deployment's
+		if scope != s.scope {
+			continue // another deployment's
 		}
-		s.heardPeer()
+		if node == s.node {
+			if hello {
+				s.self.Store(s.since()) // this listener hears
+			}
+			continue // this node woke itself already
+		}
+		s.heardPeer(hello)
 		if hello {
 			continue // a node saying it is there, not work
 		}

@@ -3,7 +3,6 @@ package engine_test
 import (
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 
@@ -281,13 +280,4 @@ func byStep(m map[string]engine.StepState) finisher {
 		}
 		return engine.StepState{Status: status.StepSuccess}
 	}
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/ferryhq/ferry/internal/spec"
 	"github.com/ferryhq/ferry/internal/status"
 	"github.com/ferryhq/ferry/internal/store"
+	"github.com/ferryhq/ferry/internal/testwait"
 )
 
 // fireSpy is a store whose FireTimers calls are observed (and may be held
@@ -104,13 +105,7 @@ func runLoop(t *testing.T, r *Runtime) {
 
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	testwait.Until(t, 20*time.Second, what, cond)
 }
 
 func allAwake(t *testing.T, s store.Store, ids []string) bool {

@@ -15,6 +15,7 @@ import (
 	"github.com/ferryhq/ferry/internal/status"
 	"github.com/ferryhq/ferry/internal/store"
 	"github.com/ferryhq/ferry/internal/store/postgres/pgtest"
+	"github.com/ferryhq/ferry/internal/testwait"
 )
 
 // TestLoneNodeNotifiesNoOne: a node that listens and has heard no other
@@ -128,13 +129,7 @@ func TestLoneNodeNotifiesNoOne(t *testing.T) {
 // poll waits for cond, checking a counter or a time the store keeps.
 func poll(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond) // polling, with a deadline
-	}
+	testwait.Until(t, 10*time.Second, what, cond)
 }
 
 func openNode(t *testing.T, dsn string) *Store {

@@ -275,11 +275,6 @@ func TestStmtCacheNoBindingLeak(t *testing.T) {
 	ctx := t.Context()
 	const ins = `INSERT INTO t (id, a, b, c) VALUES (?, ?, ?, ?)`
 	before := c.stats.prepares.Load()
-	type row struct {
-		a sql.NullString
-		b sql.NullInt64
-		c []byte
-	}
 	// id, a, b, c; nil is NULL.
 	cases := [][]any{
 		{1, "x", int64(7), []byte("blob")},

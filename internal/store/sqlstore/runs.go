@@ -89,10 +89,6 @@ func stepArgs(s *store.StepRun) []any {
 	return []any{s.Status, s.Attempt, nullStr(s.CallbackToken), code, dur, request, body, headers, s.Truncated, s.Blocked, s.Error, tsPtr(s.WakeAt), tsPtr(s.StartedAt), tsPtr(s.FinishedAt)}
 }
 
-type execer interface {
-	ExecContext(context.Context, string, ...any) (sql.Result, error)
-}
-
 // CreateRun writes a run and its initial work in one transaction.
 func (s *Store) CreateRun(ctx context.Context, nr *store.NewRun, now time.Time) (*store.Run, bool, error) {
 	res, err := s.CreateRuns(ctx, []*store.NewRun{nr}, now)

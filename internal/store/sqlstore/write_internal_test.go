@@ -11,18 +11,14 @@ import (
 	"time"
 
 	_ "modernc.org/sqlite"
+
+	"github.com/ferryhq/ferry/internal/testwait"
 )
 
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testwait.Until(t, 10*time.Second, what, cond)
 }
 
 // newTestGroup is a single writer on a fresh SQLite file, without a run

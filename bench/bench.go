@@ -42,6 +42,11 @@ type Options struct {
 	// Repeat runs each workload this many times and reports the run with
 	// the median units_per_s (settings.units_per_s_all lists every run).
 	Repeat int
+	// Rate paces the runs that are triggered one at a time (chain10,
+	// fanout, sleep, sleep-rss) at this many a second in all; 0 triggers
+	// them as fast as they are taken. jobs creates its runs in batches
+	// first and start has its own gap, so neither takes a rate.
+	Rate   float64
 	Logger *slog.Logger
 	// progress, when set, receives each scale level as it is measured.
 	progress func(Result)
@@ -110,6 +115,9 @@ func Run(ctx context.Context, o Options, out io.Writer) ([]Result, error) {
 			}
 			continue
 		}
+		if o.Rate > 0 && (name == "jobs" || name == "start") {
+			return results, fmt.Errorf("%s: --rate applies to runs triggered one at a time (chain10, fanout, sleep, sleep-rss)", name)
+		}
 		if _, ok := defaultN[name]; !ok {
 			return results, fmt.Errorf("unknown workload %q (use %s, sleep-rss, start, scale or all)", name, strings.Join(Workloads, ", "))
 		}
@@ -157,6 +165,7 @@ type env struct {
 	st       store.Store
 	backend  string
 	settings map[string]any
+	rate     float64 // see Options.Rate
 	stop     func()
 	// startWorkers starts the in-process worker pool.
 	startWorkers func()
@@ -241,7 +250,7 @@ func start(ctx context.Context, o Options, handler worker.HandlerFunc) (*env, er
 	go func() { defer wg.Done(); _ = eng.Run(rctx) }()
 	// No-op handlers finish a prefetched task long before its lease ends.
 	w := worker.New(eng, worker.Config{Types: []string{"bench.%"}, Concurrency: o.Workers, Prefetch: o.Workers, Lease: 30 * time.Second, PollWait: time.Second, WorkerID: "bench", Logger: log})
-	e := &env{eng: eng, st: eng.Store(), backend: backend, settings: map[string]any{
+	e := &env{eng: eng, st: eng.Store(), backend: backend, rate: o.Rate, settings: map[string]any{
 		"workers": o.Workers, "worker_prefetch": o.Workers, "engine_concurrency": o.Concurrency, "lease": "30s", "poll_wait": "1s", "trigger_clients": triggerClients,
 	}}
 	if backend == "sqlite" {
@@ -371,6 +380,13 @@ func (e *env) triggerAll(ctx context.Context, workflow string, n int) error {
 	var wg sync.WaitGroup
 	errs := make(chan error, triggerClients)
 	per := (n + triggerClients - 1) / triggerClients
+	// With a rate, the k-th trigger of all the clients' waits for its
+	// moment (an arrival schedule, not a synchronisation).
+	var issued atomic.Int64
+	first := time.Now()
+	if e.rate > 0 {
+		e.settings["trigger_rate"] = e.rate
+	}
 	for g := 0; g < triggerClients; g++ {
 		lo, hi := g*per, min((g+1)*per, n)
 		if lo >= hi {
@@ -380,6 +396,10 @@ func (e *env) triggerAll(ctx context.Context, workflow string, n int) error {
 		go func(lo, hi int) {
 			defer wg.Done()
 			for i := lo; i < hi; i++ {
+				if e.rate > 0 {
+					k := issued.Add(1) - 1
+					time.Sleep(time.Until(first.Add(time.Duration(float64(k) / e.rate * float64(time.Second)))))
+				}
 				if _, err := e.eng.Trigger(ctx, workflow, json.RawMessage(fmt.Sprintf(`{"i":%d}`, i)), ""); err != nil {
 					errs <- err
 					return

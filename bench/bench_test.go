@@ -158,3 +158,26 @@ func TestDefaultWorkers(t *testing.T) {
 		}
 	}
 }
+
+// TestRatePacesTriggers: with a rate, the runs triggered one at a time
+// are spread over n/rate seconds (the last of 21 at 100 a second starts
+// 0.2 s after the first, so the sleep workload spans at least 1.2 s), the
+// rate is in settings, and the workloads that create their runs another
+// way refuse one.
+func TestRatePacesTriggers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a workload")
+	}
+	res, err := Run(t.Context(), Options{Workload: "sleep", Database: "sqlite", N: 21, Workers: 4, Rate: 100, Timeout: time.Minute}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := res[0]; r.Completed != 21 || r.TotalS < 1.2 || r.Settings["trigger_rate"] != 100.0 {
+		t.Errorf("sleep at 100 runs/s: completed %d over %.3f s (want 21 over ≥ 1.2 s), trigger_rate %v", r.Completed, r.TotalS, r.Settings["trigger_rate"])
+	}
+	for _, w := range []string{"jobs", "start"} {
+		if _, err := Run(t.Context(), Options{Workload: w, Database: "sqlite", N: 5, Rate: 100, Timeout: time.Minute}, nil); err == nil || !strings.Contains(err.Error(), "--rate") {
+			t.Errorf("%s with a rate: err %v, want one naming --rate", w, err)
+		}
+	}
+}

@@ -60,6 +60,20 @@ func (f *Fake) NewTimer(d time.Duration) Timer {
 	return t
 }
 
+// HasTimer says whether a timer is set to fire at exactly at: a test
+// that must not move the clock before code under test has set its timer
+// (or it would set it after the move, from the new now) waits for this.
+func (f *Fake) HasTimer(at time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, t := range f.timers {
+		if t.at.Equal(at) {
+			return true
+		}
+	}
+	return false
+}
+
 type fakeTimer struct {
 	f  *Fake
 	at time.Time

@@ -165,8 +165,8 @@ func (r *Runtime) committed(c store.Committed) {
 	if !c.HTTPDue.IsZero() && c.HTTPDue.UnixNano() < r.planned.Load() {
 		r.Nudge()
 	}
-	if !c.TimerDue.IsZero() && c.TimerDue.UnixNano() < r.timers.planned.Load() {
-		r.timers.nudge()
+	if !c.TimerDue.IsZero() {
+		r.timers.queued(c.TimerDue.UnixNano())
 	}
 }
 

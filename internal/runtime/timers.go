@@ -16,13 +16,15 @@ import (
 // loop of their own, apart from the dispatcher of HTTP attempts: a timer
 // is a promise about time, and how late it fires is what users see.
 //
-// The loop reads what is due (no locks), takes the runs not already being
-// fired, and fires them in a transaction of their own while it goes on
-// reading: up to shape.lanes transactions at once, each with a share of
-// what is due. Under a burst several transactions are in flight, so a
-// timer waits for one transaction, not for a batch of a thousand; alone, a
-// timer is fired the moment it is due. A timer's step records the moment
-// its transaction applied it, so lateness is measured where it happens.
+// The loop reads what is due and what comes due within timerLookahead (no
+// locks), keeps that read, takes the runs due and not already being
+// fired, and fires them in a transaction of their own while it goes on:
+// up to shape.lanes transactions at once, each with a share of what is
+// due. Under a burst several transactions are in flight, so a timer waits
+// for one transaction, not for a batch of a thousand; alone, a timer was
+// read before its time and is fired the moment it is due. A timer's step
+// records the moment its transaction applied it, so lateness is measured
+// where it happens.
 //
 // With one writer (SQLite) transactions do not run side by side: two lanes
 // (one being written, one waiting for its disk sync) and chunks as large as
@@ -43,6 +45,12 @@ const (
 	timerSlack = 2 * time.Millisecond
 	// timerRetry is the first hold of a run whose fire transaction failed.
 	timerRetry = 100 * time.Millisecond
+	// timerLookahead is how far ahead of now the loop reads due timers,
+	// to fire them at their time without a read in between. It reads
+	// again when half of it is left, so that half should be more than a
+	// read takes under load (0.5–3 ms on Postgres); a slower read costs
+	// the kept items nothing, and the loop reads after firing them.
+	timerLookahead = 10 * time.Millisecond
 )
 
 // timerShape is how the loop cuts what is due into transactions.
@@ -61,12 +69,16 @@ var (
 // (see newTimerLoop).
 type timerLoop struct {
 	shape timerShape
-	wake  chan struct{}
+	// wake asks for a new read (a commit queued a timer the last read
+	// did not see); ended says a fire transaction ended (a lane is free).
+	wake, ended chan struct{}
 	// planned is when the loop will next look (Unix ns; MaxInt64 while it
-	// is deciding): commits that queue a timer due earlier wake it.
-	planned atomic.Int64
-	lanes   chan struct{}
-	mu      sync.Mutex
+	// is deciding): commits that queue a timer due earlier wake it. seen
+	// is the end of what the last read saw (Unix ns): commits that queue
+	// a timer due before it wake it too, for it keeps that read.
+	planned, seen atomic.Int64
+	lanes         chan struct{}
+	mu            sync.Mutex
 	// firing holds runs in a fire transaction (-1) and runs whose fire
 	// transaction ended, with the number of the last read of due timers
 	// begun before it ended: that read may predate the commit and still
@@ -75,7 +87,15 @@ type timerLoop struct {
 	// reads begun.
 	firing map[string]int64
 	reads  int64
-	failed map[string]*timerFailure
+	// firedAt is when the last fire transaction of each run in firing
+	// began: it took nothing due after that, so a read from before it
+	// ended still lists the run's later items rightly.
+	firedAt map[string]time.Time
+	// leftOut are the runs in flight when the last read began; stale
+	// says one of them has ended since (the kept read lacks its items).
+	leftOut map[string]bool
+	stale   atomic.Bool
+	failed  map[string]*timerFailure
 }
 
 // timerFailure is a run whose last fire transaction failed as a whole.
@@ -85,14 +105,24 @@ type timerFailure struct {
 }
 
 func newTimerLoop(shape timerShape) *timerLoop {
-	t := &timerLoop{shape: shape, wake: make(chan struct{}, 1), lanes: make(chan struct{}, shape.lanes), firing: map[string]int64{}, failed: map[string]*timerFailure{}}
+	t := &timerLoop{shape: shape, wake: make(chan struct{}, 1), ended: make(chan struct{}, 1), lanes: make(chan struct{}, shape.lanes), firing: map[string]int64{}, firedAt: map[string]time.Time{}, failed: map[string]*timerFailure{}}
 	t.planned.Store(math.MaxInt64)
 	return t
 }
 
-func (t *timerLoop) nudge() {
+func (t *timerLoop) nudge() { signal(t.wake) }
+
+// queued wakes the loop for a timer committed due at due (Unix ns) if it
+// would sleep past it or its last read would not list it.
+func (t *timerLoop) queued(due int64) {
+	if due < t.planned.Load() || due < t.seen.Load() {
+		t.nudge()
+	}
+}
+
+func signal(c chan struct{}) {
 	select {
-	case t.wake <- struct{}{}:
+	case c <- struct{}{}:
 	default:
 	}
 }
@@ -111,32 +141,50 @@ func (t *timerLoop) beginRead() int64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.reads++
+	t.leftOut = map[string]bool{}
+	t.stale.Store(false)
 	for id, v := range t.firing {
 		if v >= 0 && v < t.reads {
 			delete(t.firing, id)
+			delete(t.firedAt, id)
+		} else if v < 0 {
+			t.leftOut[id] = true
 		}
 	}
 	return t.reads
 }
 
-// candidates are the runs of due items (from read number read) not being
-// fired, fired since that read began, nor held back, in due order.
-func (t *timerLoop) candidates(items []*store.QueueItem, now time.Time, read int64) []candidate {
+// candidates are the runs of items (from read number read, earliest
+// first) due at now and not being fired, fired since that read began, nor
+// held back, in due order; next is when the first such item not yet due
+// comes due (zero if none).
+func (t *timerLoop) candidates(items []*store.QueueItem, now time.Time, read int64) (out []candidate, next time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var out []candidate
 	seen := map[string]bool{}
 	for _, it := range items {
 		id := it.RunID
 		f := t.failed[id]
 		v, busy := t.firing[id]
-		if (busy && (v < 0 || v >= read)) || seen[id] || (f != nil && now.Before(f.until)) {
+		// A run fired since the read began is left out for what the
+		// read may list that it fired, not for what came due after
+		// its transaction began (it took none of that).
+		firedSince := busy && v >= read && !it.DueAt.After(t.firedAt[id])
+		if (busy && v < 0) || firedSince || seen[id] || (f != nil && now.Before(f.until)) {
+			continue
+		}
+		if it.DueAt.After(now) {
+			// (A later item of a run due now is not "next" while that
+			// run is fired; once its transaction ends it is.)
+			if next.IsZero() {
+				next = it.DueAt
+			}
 			continue
 		}
 		seen[id] = true
 		out = append(out, candidate{run: id, due: it.DueAt, failed: f != nil})
 	}
-	return out
+	return out, next
 }
 
 // chunk is the next fire transaction's runs, at most n of cs, and the due
@@ -160,15 +208,20 @@ func chunk(cs []candidate, n int) ([]string, time.Time) {
 	return runs, cs[0].due
 }
 
-// mark records runs as being fired (on) or as fired now (see firing).
-func (t *timerLoop) mark(runs []string, on bool) {
+// mark records runs as being fired by a transaction that takes what is
+// due at at (non-zero), or as fired now (zero; see firing).
+func (t *timerLoop) mark(runs []string, at time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, id := range runs {
-		if on {
+		if !at.IsZero() {
 			t.firing[id] = -1
+			t.firedAt[id] = at
 		} else {
 			t.firing[id] = t.reads
+			if t.leftOut[id] {
+				t.stale.Store(true)
+			}
 		}
 	}
 }
@@ -245,10 +298,27 @@ func (t *timerLoop) nextRetry(now time.Time) (time.Time, bool) {
 
 // runTimers fires due timers until ctx ends, then waits for the fire
 // transactions in flight.
+//
+// Each read looks timerLookahead ahead and is kept: the loop sleeps until
+// the earliest item of it not yet fired and fires that when it is due,
+// without reading first, so a timer waits for no read after its time,
+// only for its transaction. It reads again half the look-ahead before the
+// kept read runs out, when a commit queues a timer the read did not see
+// (see timerLoop.queued), when a transaction ends of a run the read left
+// out (it was in flight) or while a full read has nothing left to wait
+// for, on a held run's retry and on the safety tick.
 func (r *Runtime) runTimers(ctx context.Context) {
 	t := r.timers
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	var (
+		items    []*store.QueueItem // the kept read, earliest first
+		read     int64              // its number (see beginRead)
+		full     bool               // it was cut at shape.read
+		horizon  time.Time          // it saw everything due before this
+		lastRead time.Time          // when it began
+		keep     bool               // the loop woke for what it keeps
+	)
 	for {
 		// A lane first: what is due is read when it can be fired.
 		select {
@@ -258,31 +328,64 @@ func (r *Runtime) runTimers(ctx context.Context) {
 		}
 		t.planned.Store(math.MaxInt64)
 		now := r.clk.Now()
-		read := t.beginRead()
-		items, err := r.st.DueTimers(ctx, now, t.shape.read, t.skipped(now)...)
-		if err != nil {
-			<-t.lanes
-			if ctx.Err() != nil {
-				return
+		if !keep {
+			// Commits from here on that queue a timer due within the
+			// read's window wake the loop again: the read may miss them.
+			until := now.Add(timerLookahead)
+			t.seen.Store(until.UnixNano())
+			read = t.beginRead()
+			var err error
+			items, err = r.st.DueTimers(ctx, now, until, t.shape.read, t.skipped(now)...)
+			if err != nil {
+				items = nil
+				t.seen.Store(0)
+				<-t.lanes
+				if ctx.Err() != nil {
+					return
+				}
+				r.log.Error("reading due timers failed", "err", err)
+				r.sleepTimers(ctx, now, false, time.Time{}, time.Time{})
+				continue
 			}
-			r.log.Error("reading due timers failed", "err", err)
-			r.sleepTimers(ctx, now, false)
-			continue
+			lastRead, horizon, full = now, until, len(items) == t.shape.read
+			if full {
+				// Nothing after the last item read was seen.
+				horizon = items[len(items)-1].DueAt
+				t.seen.Store(horizon.UnixNano())
+			}
+			now = r.clk.Now() // what came due while reading is fired now
 		}
 		// Share what is due among the free lanes (this one included), so
 		// a burst goes out as several transactions at once.
-		cands := t.candidates(items, now, read)
+		cands, next := t.candidates(items, now, read)
 		free := cap(t.lanes) - len(t.lanes) + 1
 		runs, oldest := chunk(cands, min(max((len(cands)+free-1)/free, 1), t.shape.chunk))
 		if len(runs) == 0 {
 			<-t.lanes
-			// Everything read is being fired or held back. With a full
-			// read there may be more due behind it: look again when a
-			// transaction ends.
-			r.sleepTimers(ctx, now, len(items) == t.shape.read)
+			// Nothing due now that is not being fired or held back.
+			// The read is read again half the look-ahead before it runs
+			// out, so that what comes due after it is kept in time.
+			refresh := horizon.Add(-timerLookahead / 2)
+			switch {
+			case full && next.IsZero():
+				// More may be due behind a full read: look again when
+				// a transaction ends.
+				keep = r.sleepTimers(ctx, lastRead, true, time.Time{}, time.Time{})
+			case next.IsZero() && !refresh.After(now) && keep:
+				keep = false // all of it fired and it is old: read again
+			case next.IsZero():
+				keep = r.sleepTimers(ctx, lastRead, false, time.Time{}, time.Time{})
+			case next.After(refresh) && refresh.After(now):
+				keep = r.sleepTimers(ctx, lastRead, false, time.Time{}, refresh)
+			default:
+				// (Also when the read took so long that its refresh has
+				// passed: the kept item is fired first, then it reads.)
+				keep = r.sleepTimers(ctx, lastRead, false, next, time.Time{})
+			}
 			continue
 		}
-		t.mark(runs, true)
+		keep = true // the next turn fires what else is due, unread
+		t.mark(runs, now)
 		late := now.Sub(oldest) > timerSlack
 		if late {
 			// Timers come before new runs and reports (see
@@ -299,36 +402,71 @@ func (r *Runtime) runTimers(ctx context.Context) {
 			if ctx.Err() == nil {
 				t.settle(runs, ok, r.clk.Now(), r.cfg.Lease)
 			}
-			t.mark(runs, false)
+			t.mark(runs, time.Time{})
 			<-t.lanes
-			t.nudge() // more may be due behind this chunk
+			signal(t.ended)
 		}()
 	}
 }
 
-// sleepTimers waits until the next timer is due after `after` (or a held
-// run may be retried), a commit queues an earlier one, a fire transaction
-// ends, or the safety tick. With busy it waits only for a wake-up (a
+// sleepTimers waits, and tells whether the loop may go on with the read
+// it keeps: until kept (the next item of that read, zero if none) is due
+// (yes) or a transaction ends (yes, unless busy: the read was cut and
+// more may be due behind it; or the run ended was left out of the read,
+// so it lacks that run's other timers); until refresh, the next timer not read or
+// a held run's retry, a commit that queues a timer the loop must see,
+// or the safety tick (no). With busy it waits only for a wake-up (a
 // transaction in flight will end).
-func (r *Runtime) sleepTimers(ctx context.Context, after time.Time, busy bool) {
+func (r *Runtime) sleepTimers(ctx context.Context, after time.Time, busy bool, kept, refresh time.Time) bool {
 	t := r.timers
 	wait := r.cfg.SafetyTick
+	forKept := false
 	if !busy {
-		// Deciding: every commit that queues a timer wakes the loop until
-		// the plan is set, so one committed after NextDue read is seen.
-		next, ok, err := r.st.NextDue(ctx, after, store.TimerKinds...)
-		if err != nil && ctx.Err() == nil {
-			r.log.Warn("next timer failed", "err", err)
-		}
 		now := r.clk.Now()
-		if ok {
-			wait = min(wait, next.Sub(now))
+		switch {
+		case !kept.IsZero():
+			// The read saw everything due before kept that was
+			// committed before it; what was committed since wakes the
+			// loop (timerLoop.queued).
+			wait, forKept = min(wait, kept.Sub(now)), true
+		case !refresh.IsZero():
+			wait = min(wait, refresh.Sub(now))
+		default:
+			// Deciding: every commit that queues a timer wakes the
+			// loop until the plan is set, so one committed after
+			// NextDue read is seen.
+			next, ok, err := r.st.NextDue(ctx, after, store.TimerKinds...)
+			if err != nil && ctx.Err() == nil {
+				r.log.Warn("next timer failed", "err", err)
+			}
+			now = r.clk.Now()
+			if ok {
+				var at time.Time
+				switch {
+				case next.After(after.Add(timerLookahead)):
+					// Beyond the last read: read again half the
+					// look-ahead before it is due, so that it is kept
+					// and fired unread when it is.
+					at = next.Add(-timerLookahead / 2)
+				case next.After(now):
+					// Read over but not kept: a lease that ends then.
+					at = next
+				default:
+					// Read over, due, and not firable: in a transaction
+					// (whose end makes the loop read again, its run
+					// having been left out) or a lease that ended since
+					// the read. Look again after a while, not at once,
+					// or the loop would spin on it.
+					at = now.Add(timerLookahead)
+				}
+				wait = min(wait, at.Sub(now))
+			}
 		}
-		if retry, ok := t.nextRetry(now); ok {
-			wait = min(wait, retry.Sub(now))
+		if retry, ok := t.nextRetry(now); ok && retry.Sub(now) < wait {
+			wait, forKept = retry.Sub(now), false
 		}
 		if wait <= 0 {
-			return
+			return forKept
 		}
 		t.planned.Store(now.Add(wait).UnixNano())
 	}
@@ -337,8 +475,12 @@ func (r *Runtime) sleepTimers(ctx context.Context, after time.Time, busy bool) {
 	select {
 	case <-ctx.Done():
 	case <-t.wake:
+	case <-t.ended:
+		return !busy && !t.stale.Load()
 	case <-tm.C():
+		return forKept
 	}
+	return false
 }
 
 // fireTimers applies the due timers of runs in one transaction and tells

@@ -23,10 +23,25 @@ import (
 // SerialWrites, so the runtime uses the concurrent shape (4 lanes).
 type fireSpy struct {
 	store.Store
-	mu    sync.Mutex
-	calls [][]string
+	mu     sync.Mutex
+	calls  [][]string
+	reads  atomic.Int64
+	listed [][]string // the runs each read of due timers listed
 	// before runs at the start of each call; an error fails the call.
 	before func(runs []string) error
+}
+
+func (f *fireSpy) DueTimers(ctx context.Context, now, until time.Time, max int, skip ...string) ([]*store.QueueItem, error) {
+	items, err := f.Store.DueTimers(ctx, now, until, max, skip...)
+	f.mu.Lock()
+	var got []string
+	for _, it := range items {
+		got = append(got, it.RunID)
+	}
+	f.listed = append(f.listed, got)
+	f.mu.Unlock()
+	f.reads.Add(1)
+	return items, err
 }
 
 func (f *fireSpy) FireTimers(ctx context.Context, runs []string, now time.Time, lease time.Duration, fn func(*store.QueueItem, store.RunTx) error) (int, []error, error) {
@@ -60,18 +75,25 @@ func (f *fireSpy) callsOf(run string) int {
 // their ids.
 func sleepers(t *testing.T, r *Runtime, s store.Store, n int) []string {
 	t.Helper()
-	def, err := spec.Parse([]byte(`{"name": "nap", "tasks": {"nap": {"sleep": "1s"}}}`), spec.Limits{})
+	return triggered(t, r, s, `{"name": "nap", "tasks": {"nap": {"sleep": "1s"}}}`, n)
+}
+
+// triggered stores the workflow of definition def and triggers n runs of
+// it, returning their ids.
+func triggered(t *testing.T, r *Runtime, s store.Store, def string, n int) []string {
+	t.Helper()
+	wf, err := spec.Parse([]byte(def), spec.Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.CreateWorkflow(t.Context(), &store.Workflow{Name: def.Name, Definition: def.Source, Fingerprint: def.Fingerprint(), Enabled: true}); err != nil {
+	if _, err := s.CreateWorkflow(t.Context(), &store.Workflow{Name: wf.Name, Definition: wf.Source, Fingerprint: wf.Fingerprint(), Enabled: true}); err != nil {
 		t.Fatal(err)
 	}
 	reqs := make([]TriggerRequest, n)
 	for i := range reqs {
 		reqs[i] = TriggerRequest{Input: json.RawMessage(fmt.Sprintf(`{"i": %d}`, i))}
 	}
-	res, err := r.TriggerBatch(t.Context(), "nap", reqs)
+	res, err := r.TriggerBatch(t.Context(), wf.Name, reqs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +258,7 @@ func TestTimerCandidatesSkipRunsFiredSinceTheRead(t *testing.T) {
 	tl := newTimerLoop(concurrentTimers)
 	now := time.Date(2026, 2, 22, 10, 0, 0, 0, time.UTC)
 	items := []*store.QueueItem{{RunID: "a", DueAt: now}, {RunID: "b", DueAt: now}}
-	runs := func(cs []candidate) []string {
+	runs := func(cs []candidate, _ time.Time) []string {
 		var out []string
 		for _, c := range cs {
 			out = append(out, c.run)
@@ -244,13 +266,18 @@ func TestTimerCandidatesSkipRunsFiredSinceTheRead(t *testing.T) {
 		return out
 	}
 	before := tl.beginRead()
-	tl.mark([]string{"a"}, true)
+	tl.mark([]string{"a"}, now)
 	if got := runs(tl.candidates(items, now, before)); !slices.Equal(got, []string{"b"}) {
 		t.Fatalf("while a is being fired: candidates %v, want [b]", got)
 	}
-	tl.mark([]string{"a"}, false)
+	tl.mark([]string{"a"}, time.Time{})
 	if got := runs(tl.candidates(items, now, before)); !slices.Equal(got, []string{"b"}) {
 		t.Fatalf("a fired after the read began: candidates %v, want [b]", got)
+	}
+	// What comes due after a's transaction began is a's again at once.
+	later := append(slices.Clone(items), &store.QueueItem{RunID: "a", DueAt: now.Add(time.Millisecond)})
+	if cs, next := tl.candidates(later, now, before); !slices.Equal(runs(cs, next), []string{"b"}) || !next.Equal(now.Add(time.Millisecond)) {
+		t.Fatalf("a fired after the read began, with an item due after its fire: candidates %v, next %v; want [b], next +1ms", runs(cs, next), next)
 	}
 	after := tl.beginRead()
 	if got := runs(tl.candidates(items, now, after)); !slices.Equal(got, []string{"a", "b"}) {
@@ -258,6 +285,29 @@ func TestTimerCandidatesSkipRunsFiredSinceTheRead(t *testing.T) {
 	}
 	if len(tl.firing) != 0 {
 		t.Errorf("%d runs still remembered after a later read began", len(tl.firing))
+	}
+}
+
+// TestTimerCandidatesKeepWhatIsNotDue: of a read ahead, the items not yet
+// due are no candidates; the first of them is when to look next, unless
+// its run is being fired, and a later item of a run due now is not it
+// (its run is fired whole).
+func TestTimerCandidatesKeepWhatIsNotDue(t *testing.T) {
+	tl := newTimerLoop(concurrentTimers)
+	now := time.Date(2026, 2, 22, 10, 0, 0, 0, time.UTC)
+	ms := func(n int) time.Time { return now.Add(time.Duration(n) * time.Millisecond) }
+	items := []*store.QueueItem{{RunID: "a", DueAt: now}, {RunID: "a", DueAt: ms(1)}, {RunID: "b", DueAt: ms(2)}, {RunID: "c", DueAt: ms(3)}}
+	read := tl.beginRead()
+	cs, next := tl.candidates(items, now, read)
+	if len(cs) != 1 || cs[0].run != "a" || !next.Equal(ms(2)) {
+		t.Fatalf("candidates %+v, next %v; want a alone, next at +2ms (b)", cs, next)
+	}
+	tl.mark([]string{"a", "b"}, now)
+	if cs, next := tl.candidates(items, now, read); len(cs) != 0 || !next.Equal(ms(3)) {
+		t.Fatalf("with a and b being fired: candidates %+v, next %v; want none, next at +3ms (c)", cs, next)
+	}
+	if cs, next := tl.candidates(items, ms(3), read); len(cs) != 1 || cs[0].run != "c" || !next.IsZero() {
+		t.Fatalf("at +3ms: candidates %+v, next %v; want c, nothing next", cs, next)
 	}
 }
 
@@ -325,9 +375,9 @@ func held(r *Runtime, id string) bool {
 func TestTimerReadSkipsHeldAndBusyRuns(t *testing.T) {
 	tl := newTimerLoop(concurrentTimers)
 	now := time.Date(2026, 2, 22, 10, 0, 0, 0, time.UTC)
-	tl.mark([]string{"busy"}, true)
-	tl.mark([]string{"done"}, true)
-	tl.mark([]string{"done"}, false)
+	tl.mark([]string{"busy"}, now)
+	tl.mark([]string{"done"}, now)
+	tl.mark([]string{"done"}, time.Time{})
 	tl.settle([]string{"held"}, false, now, time.Minute)
 	tl.settle([]string{"over"}, false, now.Add(-time.Second), time.Minute)
 	got := tl.skipped(now)
@@ -339,8 +389,107 @@ func TestTimerReadSkipsHeldAndBusyRuns(t *testing.T) {
 	for i := range maxSkipBusy + 1 {
 		many = append(many, fmt.Sprintf("r%d", i))
 	}
-	tl.mark(many, true)
+	tl.mark(many, now)
 	if got := tl.skipped(now); !slices.Equal(got, []string{"held"}) {
 		t.Fatalf("with %d runs in flight skipped = %d runs, want only the held one", maxSkipBusy+2, len(got))
+	}
+}
+
+// TestTimerReadAheadFiresUnread: the loop reads half the look-ahead before
+// a lone timer is due, keeps what it read, and fires the timer at its due
+// time with no read in between, so the timer waits for no read after its
+// time.
+func TestTimerReadAheadFiresUnread(t *testing.T) {
+	r, spy, clk := newSpied(t)
+	due := clk.Now().Add(time.Second)
+	run := sleepers(t, r, spy, 1)[0]
+	runLoop(t, r)
+	ahead := due.Add(-timerLookahead / 2)
+	waitUntil(t, "the loop to plan a read ahead of the wake-up", func() bool { return clk.HasTimer(ahead) })
+	clk.Advance(ahead.Sub(clk.Now()))
+	waitUntil(t, "the loop to keep the wake-up and wait for its time", func() bool { return clk.HasTimer(due) })
+	reads := spy.reads.Load()
+	clk.Advance(due.Sub(clk.Now()))
+	waitUntil(t, "the wake-up fired", func() bool { return spy.callsOf(run) == 1 })
+	// A read after the fire leaves the run out (in flight) or finds its
+	// wake-up gone; one before it would list it.
+	spy.mu.Lock()
+	before := 0
+	for _, sk := range spy.listed[reads:] {
+		if slices.Contains(sk, run) {
+			before++
+		}
+	}
+	spy.mu.Unlock()
+	if before != 0 {
+		t.Errorf("%d reads of due timers between keeping the wake-up and firing it, want none", before)
+	}
+	waitUntil(t, "the run completed", func() bool { return allAwake(t, spy, []string{run}) })
+}
+
+// TestTimerOfRunInFlightAtReadIsReadAgain: a run with two wake-ups 2 ms
+// apart. The first is fired; the second comes due while that transaction
+// is in flight, and a read then leaves the run out. When the transaction
+// ends the loop reads again and fires the second wake-up: it does not
+// keep the read that lacks it and sleep for the safety tick.
+func TestTimerOfRunInFlightAtReadIsReadAgain(t *testing.T) {
+	r, spy, clk := newSpied(t)
+	run := triggered(t, r, spy, `{"name": "two", "tasks": {"a": {"sleep": 1}, "b": {"sleep": 1.002}}}`, 1)[0]
+	a := clk.Now().Add(time.Second)
+	b := a.Add(2 * time.Millisecond)
+	release := make(chan struct{})
+	var first atomic.Bool
+	spy.before = func([]string) error {
+		if first.CompareAndSwap(false, true) {
+			<-release // the first fire transaction stays in flight
+		}
+		return nil
+	}
+	runLoop(t, r)
+	ahead := a.Add(-timerLookahead / 2)
+	waitUntil(t, "a read planned ahead of the first wake-up", func() bool { return clk.HasTimer(ahead) })
+	clk.Advance(ahead.Sub(clk.Now()))
+	waitUntil(t, "the first wake-up kept", func() bool { return clk.HasTimer(a) })
+	clk.Advance(a.Sub(clk.Now()))
+	waitUntil(t, "the first wake-up in flight", func() bool { return spy.callsOf(run) == 1 })
+	waitUntil(t, "the loop waiting for the second wake-up", func() bool { return clk.HasTimer(b) })
+	reads := spy.reads.Load()
+	clk.Advance(3 * time.Millisecond) // b is due, the first still in flight
+	waitUntil(t, "a read while the run is in flight", func() bool { return spy.reads.Load() > reads })
+	close(release)
+	// The fake clock stands still from here: only a read after the first
+	// transaction ended can fire the second wake-up.
+	waitUntil(t, "the second wake-up fired", func() bool { return spy.callsOf(run) == 2 })
+}
+
+// slowReads advances the fake clock by d in each read of due timers, as
+// a read that takes d would.
+type slowReads struct {
+	store.Store
+	clk   *clock.Fake
+	d     time.Duration
+	reads atomic.Int64
+}
+
+func (s *slowReads) DueTimers(ctx context.Context, now, until time.Time, max int, skip ...string) ([]*store.QueueItem, error) {
+	s.reads.Add(1)
+	s.clk.Advance(s.d)
+	return s.Store.DueTimers(ctx, now, until, max, skip...)
+}
+
+// TestSlowTimerReadDoesNotSpin: with nothing queued and reads slower than
+// half the look-ahead (so the read is due a refresh as soon as it
+// returns), the loop still goes to sleep after a read or two instead of
+// reading again at once, forever.
+func TestSlowTimerReadDoesNotSpin(t *testing.T) {
+	s := &slowReads{Store: openSQLite(t), d: timerLookahead/2 + time.Millisecond}
+	r, clk := newOn(t, s)
+	s.clk = clk
+	runLoop(t, r)
+	// A spinning loop moves the clock with every read, so a timer set at
+	// exactly now + the safety tick is the loop's, set after its last read.
+	waitUntil(t, "the timer loop asleep", func() bool { return clk.HasTimer(clk.Now().Add(r.cfg.SafetyTick)) })
+	if n := s.reads.Load(); n > 3 {
+		t.Errorf("%d reads of due timers before sleeping, want at most 3", n)
 	}
 }

@@ -70,7 +70,7 @@ func TestTimerBurstFiresEachOnce(t *testing.T) {
 		}
 		startRuntime(t, e.rt)
 		// Nothing is due yet: the runs stay asleep until the clock moves.
-		if due, err := e.st.DueTimers(t.Context(), e.clk.Now(), 10); err != nil || len(due) != 0 {
+		if due, err := e.st.DueTimers(t.Context(), e.clk.Now(), e.clk.Now(), 10); err != nil || len(due) != 0 {
 			t.Fatalf("due before the wake time: %d items, err %v", len(due), err)
 		}
 		wake := e.clk.Now().Add(time.Second)
@@ -95,7 +95,7 @@ func TestTimerBurstFiresEachOnce(t *testing.T) {
 				t.Fatalf("run %s: %d step_succeeded events for nap, want 1", id, n)
 			}
 		}
-		if due, err := e.st.DueTimers(t.Context(), e.clk.Now().Add(time.Hour), 10); err != nil || len(due) != 0 {
+		if due, err := e.st.DueTimers(t.Context(), e.clk.Now().Add(time.Hour), e.clk.Now().Add(time.Hour), 10); err != nil || len(due) != 0 {
 			t.Errorf("timers left after the burst: %d, err %v", len(due), err)
 		}
 	})

@@ -256,13 +256,14 @@ type Store interface {
 	// ExtendLease moves a claimed item's lease end; ErrLeaseLost when the
 	// item is gone (done, or its run finished) or leased to someone else.
 	ExtendLease(ctx context.Context, id int64, leaseToken string, until time.Time) error
-	// DueTimers lists up to max timer items (TimerKinds) due at now and
-	// not held by a lease, earliest first, without locking anything: the
-	// caller picks runs from them for FireTimers. The expiries of runs not
-	// finished are among them (see KindRunExpire). Items of the runs in
-	// skip are left out: the caller is firing them or holds them back,
+	// DueTimers lists up to max timer items (TimerKinds) due by until
+	// (now, or later to read ahead) and not held by a lease at now,
+	// earliest first, without locking anything: the caller picks runs
+	// from them for FireTimers once they are due. The expiries of runs
+	// not finished are among them (see KindRunExpire). Items of the runs
+	// in skip are left out: the caller is firing them or holds them back,
 	// and a read full of them would hide the timers due after them.
-	DueTimers(ctx context.Context, now time.Time, max int, skip ...string) ([]*QueueItem, error)
+	DueTimers(ctx context.Context, now, until time.Time, max int, skip ...string) ([]*QueueItem, error)
 	// FireTimers applies the due timer items of the given runs in one
 	// transaction, calling fn for each under its run's lock; see
 	// sqlstore.Store.FireTimers.

@@ -835,7 +835,7 @@ func TestPipelineFireTimersFailure(t *testing.T) {
 		if steps[1].Status != status.StepSleeping {
 			t.Errorf("%s: the step was written: %s", what, steps[1].Status)
 		}
-		if due, err := s.DueTimers(ctx, now, 10); err != nil || len(due) != 1 {
+		if due, err := s.DueTimers(ctx, now, now, 10); err != nil || len(due) != 1 {
 			t.Errorf("%s: due timers %d, %v; want the wake-up still due", what, len(due), err)
 		}
 	}

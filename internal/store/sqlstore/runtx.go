@@ -392,13 +392,13 @@ func expiryItem(runID string, expires time.Time) *store.QueueItem {
 	return &store.QueueItem{Kind: store.KindRunExpire, RunID: runID, DueAt: expires}
 }
 
-// DueTimers reads up to max due timer items, earliest first, of runs not
-// in skip, outside any transaction: FireTimers decides under the locks.
-// Each kind is walked in its own part of the queue_due index (kind,
-// due_at, id), and expiries in runs_expiry, and the walks are merged, so
-// the read costs max rows whatever else is queued; a single walk over all
-// kinds would sort every due item.
-func (s *Store) DueTimers(ctx context.Context, now time.Time, max int, skip ...string) ([]*store.QueueItem, error) {
+// DueTimers reads up to max timer items due by until and not leased at
+// now, earliest first, of runs not in skip, outside any transaction:
+// FireTimers decides under the locks. Each kind is walked in its own part
+// of the queue_due index (kind, due_at, id), and expiries in runs_expiry,
+// and the walks are merged, so the read costs max rows whatever else is
+// queued; a single walk over all kinds would sort every due item.
+func (s *Store) DueTimers(ctx context.Context, now, until time.Time, max int, skip ...string) ([]*store.QueueItem, error) {
 	// not leaves out the runs to skip (as col) from one part.
 	not := func(col string) (string, []any) {
 		if len(skip) == 0 {
@@ -412,11 +412,11 @@ func (s *Store) DueTimers(ctx context.Context, now time.Time, max int, skip ...s
 	for i, k := range queueTimers {
 		cond, skipArgs := not("run_id")
 		parts = append(parts, fmt.Sprintf(`SELECT * FROM (SELECT id, kind, run_id, step, attempt, due_at FROM queue WHERE kind = ? AND due_at <= ? AND (lease_until IS NULL OR lease_until <= ?)%s ORDER BY due_at, id LIMIT ?) t%d`, cond, i))
-		args = append(append(append(args, k, ts(now), ts(now)), skipArgs...), max)
+		args = append(append(append(args, k, ts(until), ts(now)), skipArgs...), max)
 	}
 	cond, skipArgs := not("id")
 	parts = append(parts, `SELECT * FROM (SELECT 0 AS id, '`+store.KindRunExpire+`' AS kind, id AS run_id, '' AS step, 0 AS attempt, expires_at AS due_at FROM runs WHERE `+runsExpiring+` AND expires_at <= ?`+cond+` ORDER BY expires_at LIMIT ?) x`)
-	args = append(append(append(args, ts(now)), skipArgs...), max)
+	args = append(append(append(args, ts(until)), skipArgs...), max)
 	rows, err := s.r.QueryContext(ctx, s.q(strings.Join(parts, ` UNION ALL `)+` ORDER BY due_at, id LIMIT ?`), append(args, max)...)
 	if err != nil {
 		return nil, fmt.Errorf("due timers: %w", err)

@@ -80,7 +80,7 @@ func testExpiryConcurrent(t *testing.T, s store.Store) {
 			t.Errorf("run %s expired %d times, want 1", id, count[id])
 		}
 	}
-	if due, err := s.DueTimers(ctx, at(time.Second), 100); err != nil || len(due) != 0 {
+	if due, err := s.DueTimers(ctx, at(time.Second), at(time.Second), 100); err != nil || len(due) != 0 {
 		t.Errorf("due after the calls: %d, %v; want none", len(due), err)
 	}
 }
@@ -94,7 +94,7 @@ func testDueTimersSkip(t *testing.T, s store.Store) {
 	waiter := mkSimpleRun(t, s, wf, store.QueueItem{Kind: store.KindWaitTimeout, Step: "b", DueAt: at(2 * time.Second)})
 	expired := expiringRun(t, s, wf, status.RunRunning, at(3*time.Second))
 	other := expiringRun(t, s, wf, status.RunPaused, at(4*time.Second))
-	due, err := s.DueTimers(ctx, at(5*time.Second), 10, sleeper.ID, expired.ID)
+	due, err := s.DueTimers(ctx, at(5*time.Second), at(5*time.Second), 10, sleeper.ID, expired.ID)
 	must(t, err, "DueTimers")
 	var got []string
 	for _, it := range due {
@@ -147,7 +147,7 @@ func testRunExpiry(t *testing.T, s store.Store) {
 		t.Errorf("NextDue of the queue's kinds = %v, %v, %v; want nothing (an expiry is no queue row)", got, ok, err)
 	}
 
-	due, err := s.DueTimers(ctx, at(20*time.Second), 10)
+	due, err := s.DueTimers(ctx, at(20*time.Second), at(20*time.Second), 10)
 	must(t, err, "DueTimers")
 	want := []*store.QueueItem{
 		{Kind: store.KindRunExpire, RunID: b.ID, DueAt: at(5 * time.Second)},
@@ -171,7 +171,7 @@ func testRunExpiry(t *testing.T, s store.Store) {
 			t.Errorf("run %s = %s after its expiry, want timeout", id, r.Status)
 		}
 	}
-	if due, err := s.DueTimers(ctx, at(20*time.Second), 10); err != nil || len(due) != 0 {
+	if due, err := s.DueTimers(ctx, at(20*time.Second), at(20*time.Second), 10); err != nil || len(due) != 0 {
 		t.Errorf("DueTimers after the expiries = %+v, %v; want none", due, err)
 	}
 	next("once both ended", time.Time{}, at(time.Hour))
@@ -225,7 +225,7 @@ func testExpiryFailure(t *testing.T, s store.Store) {
 	if _, steps := getRun(t, s, sleeper.ID); stepNamed(t, steps, "b").Status != status.StepPending {
 		t.Errorf("the other run's wake-up committed with the failed call")
 	}
-	due, err := s.DueTimers(ctx, at(5*time.Second), 10)
+	due, err := s.DueTimers(ctx, at(5*time.Second), at(5*time.Second), 10)
 	must(t, err, "DueTimers")
 	var got []string
 	for _, it := range due {
@@ -257,7 +257,7 @@ func testLegacyExpiryRows(t *testing.T, s store.Store) {
 	if left := claimAll(t, s, far); len(left) != 0 {
 		t.Errorf("queue rows after migrating: %v, want none", keysOf(left))
 	}
-	due, err := s.DueTimers(ctx, at(5*time.Second), 10)
+	due, err := s.DueTimers(ctx, at(5*time.Second), at(5*time.Second), 10)
 	must(t, err, "DueTimers")
 	diff(t, "due after migrating", []*store.QueueItem{{Kind: store.KindRunExpire, RunID: r.ID, DueAt: at(3 * time.Second)}}, due)
 	calls := 0

@@ -60,7 +60,7 @@ func testFireTimers(t *testing.T, s store.Store) {
 	r2 := mkSimpleRun(t, s, wf, wake(2*time.Second), store.QueueItem{Kind: store.KindHTTP, Step: "a", DueAt: t0})
 	r3 := mkSimpleRun(t, s, wf, wake(time.Hour))
 	bad := mkSimpleRun(t, s, wf, store.QueueItem{Kind: store.KindWaitTimeout, Step: "b", DueAt: at(time.Second)})
-	due, err := s.DueTimers(ctx, at(5*time.Second), 10)
+	due, err := s.DueTimers(ctx, at(5*time.Second), at(5*time.Second), 10)
 	must(t, err, "DueTimers")
 	var dueRuns []string
 	for _, it := range due {
@@ -113,11 +113,17 @@ func testFireTimers(t *testing.T, s store.Store) {
 	if n != 0 {
 		t.Errorf("FireTimers again within the failed item's lease took %d items (%v), want 0", n, fired)
 	}
-	if due, err := s.DueTimers(ctx, at(30*time.Second), 10); err != nil || len(due) != 0 {
+	if due, err := s.DueTimers(ctx, at(30*time.Second), at(30*time.Second), 10); err != nil || len(due) != 0 {
 		t.Errorf("DueTimers within the lease = %d items, err %v; want none", len(due), err)
 	}
-	if due, err := s.DueTimers(ctx, at(5*time.Second+time.Minute), 10); err != nil || len(due) != 1 || due[0].RunID != bad.ID {
+	if due, err := s.DueTimers(ctx, at(5*time.Second+time.Minute), at(5*time.Second+time.Minute), 10); err != nil || len(due) != 1 || due[0].RunID != bad.ID {
 		t.Errorf("DueTimers after the lease = %+v, err %v; want the failed item again", due, err)
+	}
+	// Reading ahead lists what comes due by until, but not an item still
+	// held at now whose lease ends before until: it is not firable until
+	// then, and a reader that saw it would fire nothing until it was.
+	if due, err := s.DueTimers(ctx, at(30*time.Second), at(90*time.Second), 10); err != nil || len(due) != 0 {
+		t.Errorf("DueTimers at 30s until 90s = %d items, err %v; want none (the lease ends at 65s)", len(due), err)
 	}
 	// Left: r2's HTTP item, r3's later wake and the failed item.
 	left := claimAll(t, s, far)
@@ -146,7 +152,7 @@ func testDueTimersOrder(t *testing.T, s store.Store) {
 		}
 		runs = append(runs, mkSimpleRun(t, s, wf, store.QueueItem{Kind: kinds[i%4], Step: "b", DueAt: due}))
 	}
-	got, err := s.DueTimers(t.Context(), at(10*time.Second), 4)
+	got, err := s.DueTimers(t.Context(), at(10*time.Second), at(10*time.Second), 4)
 	must(t, err, "DueTimers")
 	var gotDue []time.Time
 	for _, it := range got {
@@ -162,11 +168,19 @@ func testDueTimersOrder(t *testing.T, s store.Store) {
 	if got[0].RunID != runs[7].ID || got[0].Kind != store.KindWaitTimeout {
 		t.Errorf("earliest = %s of %s, want wait_timeout of %s", got[0].Kind, got[0].RunID, runs[7].ID)
 	}
-	got, err = s.DueTimers(t.Context(), at(4*time.Second), 10)
+	got, err = s.DueTimers(t.Context(), at(4*time.Second), at(4*time.Second), 10)
 	must(t, err, "DueTimers at 4s")
 	if len(got) != 3 {
 		t.Errorf("DueTimers at 4s = %d items, want 3 (due 1s, 3s, 4s)", len(got))
 	}
+	// Read ahead from 4s to 7s: the timeout at 5s and the wake at 7s too.
+	got, err = s.DueTimers(t.Context(), at(4*time.Second), at(7*time.Second), 10)
+	must(t, err, "DueTimers at 4s until 7s")
+	gotDue = nil
+	for _, it := range got {
+		gotDue = append(gotDue, it.DueAt)
+	}
+	diff(t, "due times read ahead", []time.Time{at(time.Second), at(3 * time.Second), at(4 * time.Second), at(5 * time.Second), at(7 * time.Second)}, gotDue)
 }
 
 // testFireTimersConcurrent has 4 timer loops fire the same 60 due runs in
@@ -190,7 +204,7 @@ func testFireTimersConcurrent(t *testing.T, s store.Store) {
 		}
 	}
 	// Before the runs expire (at 1h), nothing is left due.
-	if due, err := s.DueTimers(ctx, at(time.Minute), 100); err != nil || len(due) != 0 {
+	if due, err := s.DueTimers(ctx, at(time.Minute), at(time.Minute), 100); err != nil || len(due) != 0 {
 		t.Errorf("due timers left: %d, err %v", len(due), err)
 	}
 }

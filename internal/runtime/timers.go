@@ -105,7 +105,7 @@ type timerFailure struct {
 }
 
 func newTimerLoop(shape timerShape) *timerLoop {
-	t := &timerLoop{shape: shape, wake: make(chan struct{}, 1), ended: make(chan struct{}, 1), lanes: make(chan struct{}, shape.lanes), firing: map[string]int64{}, firedAt: map[string]time.Time{}, failed: map[string]*timerFailure{}}
+	t := &timerLoop{shape: shape, wake: make(chan struct{}, 1), ended: make(chan struct{}, 1), lanes: make(chan struct{}, shape.lanes), firing: map[string]int64{}, leftOut: map[string]bool{}, firedAt: map[string]time.Time{}, failed: map[string]*timerFailure{}}
 	t.planned.Store(math.MaxInt64)
 	return t
 }
@@ -141,7 +141,7 @@ func (t *timerLoop) beginRead() int64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.reads++
-	t.leftOut = map[string]bool{}
+	clear(t.leftOut)
 	t.stale.Store(false)
 	for id, v := range t.firing {
 		if v >= 0 && v < t.reads {
@@ -344,7 +344,7 @@ func (r *Runtime) runTimers(ctx context.Context) {
 					return
 				}
 				r.log.Error("reading due timers failed", "err", err)
-				r.sleepTimers(ctx, now, false, time.Time{}, time.Time{})
+				r.sleepTimers(ctx, now, false, time.Time{}, false)
 				continue
 			}
 			lastRead, horizon, full = now, until, len(items) == t.shape.read
@@ -370,17 +370,17 @@ func (r *Runtime) runTimers(ctx context.Context) {
 			case full && next.IsZero():
 				// More may be due behind a full read: look again when
 				// a transaction ends.
-				keep = r.sleepTimers(ctx, lastRead, true, time.Time{}, time.Time{})
+				keep = r.sleepTimers(ctx, lastRead, true, time.Time{}, false)
 			case next.IsZero() && !refresh.After(now) && keep:
 				keep = false // all of it fired and it is old: read again
 			case next.IsZero():
-				keep = r.sleepTimers(ctx, lastRead, false, time.Time{}, time.Time{})
+				keep = r.sleepTimers(ctx, lastRead, false, time.Time{}, false)
 			case next.After(refresh) && refresh.After(now):
-				keep = r.sleepTimers(ctx, lastRead, false, time.Time{}, refresh)
+				keep = r.sleepTimers(ctx, lastRead, false, refresh, false)
 			default:
 				// (Also when the read took so long that its refresh has
 				// passed: the kept item is fired first, then it reads.)
-				keep = r.sleepTimers(ctx, lastRead, false, next, time.Time{})
+				keep = r.sleepTimers(ctx, lastRead, false, next, true)
 			}
 			continue
 		}
@@ -410,27 +410,27 @@ func (r *Runtime) runTimers(ctx context.Context) {
 }
 
 // sleepTimers waits, and tells whether the loop may go on with the read
-// it keeps: until kept (the next item of that read, zero if none) is due
-// (yes) or a transaction ends (yes, unless busy: the read was cut and
-// more may be due behind it; or the run ended was left out of the read,
-// so it lacks that run's other timers); until refresh, the next timer not read or
-// a held run's retry, a commit that queues a timer the loop must see,
-// or the safety tick (no). With busy it waits only for a wake-up (a
+// it keeps: until at (when non-zero; forKept says it is when the next
+// item of that read is due: yes, else a refresh: no) or, with at zero,
+// the next timer not read (no); until a transaction ends (yes, unless
+// busy: the read was cut and more may be due behind it; or the run ended
+// was left out of the read, so it lacks that run's other timers); until
+// a held run's retry, a commit that queues a timer the loop must see, or
+// the safety tick (no). With busy it waits only for a wake-up (a
 // transaction in flight will end).
-func (r *Runtime) sleepTimers(ctx context.Context, after time.Time, busy bool, kept, refresh time.Time) bool {
+func (r *Runtime) sleepTimers(ctx context.Context, after time.Time, busy bool, at time.Time, forKept bool) bool {
 	t := r.timers
 	wait := r.cfg.SafetyTick
-	forKept := false
-	if !busy {
+	if busy {
+		forKept = false
+	} else {
 		now := r.clk.Now()
 		switch {
-		case !kept.IsZero():
-			// The read saw everything due before kept that was
-			// committed before it; what was committed since wakes the
-			// loop (timerLoop.queued).
-			wait, forKept = min(wait, kept.Sub(now)), true
-		case !refresh.IsZero():
-			wait = min(wait, refresh.Sub(now))
+		case !at.IsZero():
+			// A kept item or a refresh: the read saw everything due
+			// before it that was committed before it; what was
+			// committed since wakes the loop (timerLoop.queued).
+			wait = min(wait, at.Sub(now))
 		default:
 			// Deciding: every commit that queues a timer wakes the
 			// loop until the plan is set, so one committed after
@@ -441,25 +441,25 @@ func (r *Runtime) sleepTimers(ctx context.Context, after time.Time, busy bool, k
 			}
 			now = r.clk.Now()
 			if ok {
-				var at time.Time
+				var look time.Time
 				switch {
 				case next.After(after.Add(timerLookahead)):
 					// Beyond the last read: read again half the
 					// look-ahead before it is due, so that it is kept
 					// and fired unread when it is.
-					at = next.Add(-timerLookahead / 2)
+					look = next.Add(-timerLookahead / 2)
 				case next.After(now):
 					// Read over but not kept: a lease that ends then.
-					at = next
+					look = next
 				default:
 					// Read over, due, and not firable: in a transaction
 					// (whose end makes the loop read again, its run
 					// having been left out) or a lease that ended since
 					// the read. Look again after a while, not at once,
 					// or the loop would spin on it.
-					at = now.Add(timerLookahead)
+					look = now.Add(timerLookahead)
 				}
-				wait = min(wait, at.Sub(now))
+				wait = min(wait, look.Sub(now))
 			}
 		}
 		if retry, ok := t.nextRetry(now); ok && retry.Sub(now) < wait {

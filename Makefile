@@ -2,7 +2,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: test vet fmt build run bench fuzz
+.PHONY: test vet fmt build run bench bench-peers fuzz
 
 # FERRY_RUNCACHE_CHECK: every run SQLite's writer takes from its cache is
 # compared with the tables (a difference fails the write).
@@ -37,3 +37,10 @@ bench:
 	./bin/ferry bench --workload all --repeat 3 --database sqlite --json > bench/results.jsonl
 	./bin/ferry bench --workload all --repeat 3 --database '$(BENCH_PG)' --json >> bench/results.jsonl
 	cat bench/results.jsonl
+
+# River, the peer behind the jobs target, measured on this machine the way
+# `ferry bench --workload jobs` measures Ferry (bench/peers/river, a module
+# of its own so Ferry's go.mod never takes River). Run it beside make bench:
+# the host's speed moves, ratios measured together do not.
+bench-peers:
+	cd bench/peers/river && $(GO) run . --repeat 3 --database '$(BENCH_PG)'

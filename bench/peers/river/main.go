@@ -75,6 +75,10 @@ func main() {
 }
 
 func once(ctx context.Context, database string, n int) (result, error) {
+	u, err := url.Parse(database)
+	if err != nil {
+		return result{}, err
+	}
 	schema := "river_bench_" + strings.ToLower(rand.Text()[:10])
 	admin, err := pgx.Connect(ctx, database)
 	if err != nil {
@@ -85,10 +89,6 @@ func once(ctx context.Context, database string, n int) (result, error) {
 		return result{}, err
 	}
 	defer admin.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
-	u, err := url.Parse(database)
-	if err != nil {
-		return result{}, err
-	}
 	q := u.Query()
 	q.Set("search_path", schema)
 	u.RawQuery = q.Encode()
@@ -140,9 +140,13 @@ func once(ctx context.Context, database string, n int) (result, error) {
 	for len(lat) < n {
 		select {
 		case ev := <-events:
+			// Every completed job counts, so a missing finalized time
+			// cannot leave the loop waiting for the deadline.
+			done := time.Now()
 			if ev.Job.FinalizedAt != nil {
-				lat = append(lat, float64(ev.Job.FinalizedAt.Sub(ev.Job.CreatedAt).Microseconds())/1000)
+				done = *ev.Job.FinalizedAt
 			}
+			lat = append(lat, float64(done.Sub(ev.Job.CreatedAt).Microseconds())/1000)
 		case <-deadline:
 			return result{}, fmt.Errorf("%d of %d jobs completed in 10 minutes", len(lat), n)
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -43,8 +44,112 @@ type eventRow struct {
 	seq   int64
 	typ   string
 	step  string
-	data  any
+	data  any // encoded JSON (a string) or nil
 	at    int64
+	task  bool // owner is a task: the event may go in its row (inRow)
+}
+
+// taskRowEvents is how many of a task's events its own row holds (see
+// migration 0009): a job's whole life (created, claimed, succeeded) and a
+// few retries. Events numbered after it go to the events table, so a
+// task that heartbeats for hours does not grow its row, which every
+// update rewrites.
+const taskRowEvents = 8
+
+// inRow says whether e is written into its task's row.
+func (e eventRow) inRow() bool { return e.task && e.seq <= taskRowEvents }
+
+// rowJSON appends e as a task row holds it: ",{…}" (see migration 0009).
+func (e eventRow) rowJSON(b []byte) []byte {
+	b = append(b, `,{"seq":`...)
+	b = strconv.AppendInt(b, e.seq, 10)
+	b = append(b, `,"type":`...)
+	b = appendJSONString(b, e.typ)
+	if e.step != "" {
+		b = append(b, `,"step":`...)
+		b = appendJSONString(b, e.step)
+	}
+	if d, ok := e.data.(string); ok {
+		b = append(b, `,"data":`...)
+		b = append(b, d...)
+	}
+	b = append(b, `,"at":`...)
+	b = strconv.AppendInt(b, e.at, 10)
+	return append(b, '}')
+}
+
+func appendJSONString(b []byte, s string) []byte {
+	q, _ := json.Marshal(s) // a string always encodes
+	return append(b, q...)
+}
+
+// eventRows are the rows of the events table c writes: each owner's
+// events (those not in a task's row) packed into rows of up to packEvents,
+// the last in the row's columns and the ones before it in earlier (see
+// migration 0010). Rows were a large part of a step's cost on Postgres,
+// each an index entry and a heap tuple; the events of one transaction
+// are read together anyway.
+func (c *changeset) eventRows() [][]any {
+	var order []string
+	byOwner := map[string][]eventRow{}
+	for _, e := range c.events {
+		if e.inRow() {
+			continue
+		}
+		if _, ok := byOwner[e.owner]; !ok {
+			order = append(order, e.owner)
+		}
+		byOwner[e.owner] = append(byOwner[e.owner], e)
+	}
+	var rows [][]any
+	var earlier []byte
+	for _, owner := range order {
+		evs := byOwner[owner]
+		for len(evs) > 0 {
+			earlier = earlier[:0]
+			n := 1
+			for n < len(evs) && n < packEvents && len(earlier) < packBytes {
+				earlier = evs[n-1].rowJSON(earlier)
+				n++
+			}
+			last := evs[n-1]
+			var more any
+			if n > 1 {
+				more = string(earlier)
+			}
+			rows = append(rows, []any{owner, last.seq, last.typ, last.step, last.data, last.at, more})
+			evs = evs[n:]
+		}
+	}
+	return rows
+}
+
+// A row of the events table packs at most packEvents events, and stops
+// adding once the earlier ones take packBytes: a fan-out's step starts
+// or large step outputs make several rows, not one of unbounded size.
+const (
+	packEvents = 16
+	packBytes  = 4096
+)
+
+// rowEvents is what each task's row gains from c: its events that go in
+// the row, in order, as rowJSON.
+func (c *changeset) rowEvents() map[string]string {
+	var m map[string][]byte
+	for _, e := range c.events {
+		if !e.inRow() {
+			continue
+		}
+		if m == nil {
+			m = map[string][]byte{}
+		}
+		m[e.owner] = e.rowJSON(m[e.owner])
+	}
+	out := make(map[string]string, len(m))
+	for id, b := range m {
+		out[id] = string(b)
+	}
+	return out
 }
 
 // apply runs one request of a batch with its writes in a changeset of its
@@ -108,7 +213,7 @@ func (c *changeset) newRun(nr *store.NewRun, now time.Time) error {
 		return err
 	}
 	var seq int64
-	if err := c.addEvents(r.ID, &seq, now, nr.Events); err != nil {
+	if err := c.addEvents(r.ID, false, &seq, now, nr.Events); err != nil {
 		return err
 	}
 	c.newRuns = append(c.newRuns, []any{r.ID, r.WorkflowID, r.Version, r.Status, string(r.Input), string(headers), nullStr(r.IdempotencyKey), r.Error, seq, ts(r.ExpiresAt), ts(r.StartedAt), tsPtr(r.FinishedAt), ts(now)})
@@ -147,14 +252,14 @@ func headersJSON(h map[string]string) ([]byte, error) {
 func (c *changeset) addTask(t *store.Task, now time.Time) {
 	prepareTask(t, now, &c.note)
 	c.newTasks = append(c.newTasks, t)
-	c.events = append(c.events, eventRow{owner: t.ID, seq: 1, typ: "created", data: createdData(t), at: ts(now)})
+	c.events = append(c.events, eventRow{owner: t.ID, seq: 1, typ: "created", data: createdData(t), at: ts(now), task: true})
 	if createdLeased(t) {
 		c.note.c.Leased = append(c.note.c.Leased, t.LeaseToken)
 		how := "eager" // taken by the worker whose completion started it
 		if t.ToWaitingClaim {
 			how = "waiting_claim"
 		}
-		c.events = append(c.events, eventRow{owner: t.ID, seq: 2, typ: "claimed", data: mustJSON(map[string]any{"worker_id": t.LeasedBy, "attempt": t.Attempt, "lease_until": t.LeaseUntil.UTC(), how: true}), at: ts(now)})
+		c.events = append(c.events, eventRow{owner: t.ID, seq: 2, typ: "claimed", data: mustJSON(map[string]any{"worker_id": t.LeasedBy, "attempt": t.Attempt, "lease_until": t.LeaseUntil.UTC(), how: true}), at: ts(now), task: true})
 	}
 }
 
@@ -192,8 +297,9 @@ func (c *changeset) task(t *taskTx) {
 	c.tasks = append(c.tasks, t)
 }
 
-// addEvents numbers events after *seq and keeps them.
-func (c *changeset) addEvents(owner string, seq *int64, now time.Time, evs []store.NewEvent) error {
+// addEvents numbers events after *seq and keeps them; task says the
+// owner is a task.
+func (c *changeset) addEvents(owner string, task bool, seq *int64, now time.Time, evs []store.NewEvent) error {
 	for _, e := range evs {
 		*seq++
 		var data any
@@ -204,7 +310,7 @@ func (c *changeset) addEvents(owner string, seq *int64, now time.Time, evs []sto
 			}
 			data = string(b)
 		}
-		c.events = append(c.events, eventRow{owner: owner, seq: *seq, typ: e.Type, step: e.Step, data: data, at: ts(now)})
+		c.events = append(c.events, eventRow{owner: owner, seq: *seq, typ: e.Type, step: e.Step, data: data, at: ts(now), task: task})
 	}
 	return nil
 }
@@ -347,13 +453,15 @@ func (s *Store) unnest(types []string) string {
 func (s *Store) updateArrays(table string, keys, set, types []string) string {
 	var sb strings.Builder
 	sb.WriteString("UPDATE " + table + " SET ")
+	names := make([]string, len(set))
 	for i, c := range set {
 		if i > 0 {
 			sb.WriteString(", ")
 		}
-		fmt.Fprintf(&sb, "%s = v.%s", c, c)
+		names[i] = strings.TrimPrefix(c, "+")
+		sb.WriteString(setExpr(table, c, "v."+names[i]))
 	}
-	sb.WriteString(" FROM " + s.unnest(types) + " AS v(" + strings.Join(keys, ", ") + ", " + strings.Join(set, ", ") + ") WHERE ")
+	sb.WriteString(" FROM " + s.unnest(types) + " AS v(" + strings.Join(keys, ", ") + ", " + strings.Join(names, ", ") + ") WHERE ")
 	for i, k := range keys {
 		if i > 0 {
 			sb.WriteString(" AND ")
@@ -455,6 +563,15 @@ func (s *Store) stmt(k stmtKey, build func() string) string {
 // maxCachedStmts bounds the generated statements kept in memory.
 const maxCachedStmts = 4096
 
+// setExpr is the SET clause of column c from value v: c = v, or, for a
+// column named "+c", c = table.c || v (appended to, as a task's events).
+func setExpr(table, c, v string) string {
+	if name, ok := strings.CutPrefix(c, "+"); ok {
+		return name + " = " + table + "." + name + " || " + v
+	}
+	return c + " = " + v
+}
+
 // updateText is UPDATE … FROM (VALUES …) for n rows.
 func (s *Store) updateText(table string, keys, set, types []string, n int) string {
 	var sb strings.Builder
@@ -463,7 +580,7 @@ func (s *Store) updateText(table string, keys, set, types []string, n int) strin
 		if i > 0 {
 			sb.WriteString(", ")
 		}
-		fmt.Fprintf(&sb, "%s = v.column%d", c, len(keys)+i+1)
+		sb.WriteString(setExpr(table, c, fmt.Sprintf("v.column%d", len(keys)+i+1)))
 	}
 	sb.WriteString(" FROM (VALUES ")
 	for i := 0; i < n; i++ {
@@ -492,8 +609,8 @@ func (s *Store) updateText(table string, keys, set, types []string, n int) strin
 var (
 	stepSet   = []string{"status", "attempt", "callback_token", "status_code", "duration_ms", "request", "body", "headers", "is_truncated", "blocked", "error", "wake_at", "started_at", "finished_at"}
 	stepTypes = []string{cText, cText, cText, cInt, cText, cInt, cInt, cText, cBytes, cText, cBool, cBool, cText, cInt, cInt, cInt}
-	taskSet   = []string{"status", "run_at", "attempt", "leased_by", "lease_token", "lease_until", "reclaimed", "cancel_requested", "last_error", "result", "updated_at", "finished_at", "event_seq"}
-	taskTypes = []string{cText, cText, cInt, cInt, cText, cText, cInt, cBool, cBool, cText, cText, cInt, cInt, cInt}
+	taskSet   = []string{"status", "run_at", "attempt", "leased_by", "lease_token", "lease_until", "reclaimed", "cancel_requested", "last_error", "result", "updated_at", "finished_at", "event_seq", "+events"}
+	taskTypes = []string{cText, cText, cInt, cInt, cText, cText, cInt, cBool, cBool, cText, cText, cInt, cInt, cInt, cText}
 	runSet    = []string{"status", "error", "finished_at", "updated_at", "event_seq"}
 	runTypes  = []string{cText, cText, cText, cInt, cInt, cInt}
 
@@ -508,9 +625,9 @@ var (
 
 	runInsertTypes  = []string{cText, cText, cInt, cText, cText, cText, cText, cText, cInt, cInt, cInt, cInt, cInt}
 	stepInsertTypes = append([]string{cText, cText, cInt, cText}, stepTypes[2:]...)
-	taskInsertTypes = []string{cText, cText, cText, cText, cInt, cInt, cText, cInt, cInt, cInt, cText, cText, cInt, cBool, cBool, cText, cText, cText, cText, cInt, cInt, cInt, cInt}
+	taskInsertTypes = []string{cText, cText, cText, cText, cInt, cInt, cText, cInt, cInt, cInt, cText, cText, cInt, cBool, cBool, cText, cText, cText, cText, cInt, cInt, cInt, cInt, cText}
 	queueTypes      = []string{cText, cText, cText, cInt, cInt}
-	eventTypes      = []string{cText, cInt, cText, cText, cText, cInt}
+	eventTypes      = []string{cText, cInt, cText, cText, cText, cInt, cText}
 )
 
 // flush writes the changeset inside tx. Order matters: tasks are written
@@ -544,6 +661,7 @@ func (s *Store) writeParts(ctx context.Context, tx querier, c *changeset, parts 
 // and the events (built after them, since they add events).
 func (s *Store) flushParts(c *changeset) ([]part, func() []part) {
 	var parts []part
+	rowEvents := c.rowEvents()
 	if len(c.newRuns) > 0 {
 		parts = append(parts, s.insertParts("runs", "id, workflow_id, version, status, input, trigger_headers, idempotency_key, error, event_seq, expires_at, started_at, finished_at, updated_at", runInsertTypes, c.newRuns)...)
 	}
@@ -557,15 +675,15 @@ func (s *Store) flushParts(c *changeset) ([]part, func() []part) {
 	if len(c.newTasks) > 0 {
 		rows := make([][]any, 0, len(c.newTasks))
 		for _, t := range c.newTasks {
-			rows = append(rows, taskInsertArgs(t))
+			rows = append(rows, append(taskInsertArgs(t), rowEvents[t.ID]))
 		}
-		parts = append(parts, s.insertParts("tasks", taskCols+", event_seq", taskInsertTypes, rows)...)
+		parts = append(parts, s.insertParts("tasks", taskCols+", event_seq, events", taskInsertTypes, rows)...)
 	}
 	if len(c.tasks) > 0 {
 		rows := make([][]any, 0, len(c.tasks))
 		for _, t := range c.tasks {
 			k := t.task
-			rows = append(rows, []any{k.ID, k.Status, ts(k.RunAt), k.Attempt, k.LeasedBy, nullStr(k.LeaseToken), tsPtr(k.LeaseUntil), k.Reclaimed, k.CancelRequested, k.LastError, nullJSON(k.Result), ts(k.UpdatedAt), tsPtr(k.FinishedAt), t.seq})
+			rows = append(rows, []any{k.ID, k.Status, ts(k.RunAt), k.Attempt, k.LeasedBy, nullStr(k.LeaseToken), tsPtr(k.LeaseUntil), k.Reclaimed, k.CancelRequested, k.LastError, nullJSON(k.Result), ts(k.UpdatedAt), tsPtr(k.FinishedAt), t.seq, rowEvents[k.ID]})
 		}
 		parts = append(parts, s.updateParts("tasks", "", []string{"id"}, taskSet, taskTypes, rows)...)
 	}
@@ -611,14 +729,11 @@ func (s *Store) flushParts(c *changeset) ([]part, func() []part) {
 			text: func() string { return `DELETE FROM queue WHERE ` + cond }})
 	}
 	events := func() []part {
-		if len(c.events) == 0 {
+		rows := c.eventRows()
+		if len(rows) == 0 {
 			return nil
 		}
-		rows := make([][]any, 0, len(c.events))
-		for _, e := range c.events {
-			rows = append(rows, []any{e.owner, e.seq, e.typ, e.step, e.data, e.at})
-		}
-		return s.insertParts("events", "run_id, seq, type, step, data, at", eventTypes, rows)
+		return s.insertParts("events", "run_id, seq, type, step, data, at, earlier", eventTypes, rows)
 	}
 	return parts, events
 }
@@ -638,14 +753,20 @@ func (s *Store) cancelTasks(ctx context.Context, tx querier, c *changeset) error
 		ids = append(ids, r.run.ID)
 	}
 	cond, ids := s.inList("run_id", ids)
-	args := append([]any{ts(c.cancel[0].now), ts(c.cancel[0].now)}, ids...)
-	rows, err := tx.QueryContext(ctx, s.q(`UPDATE tasks SET status = 'cancelled', cancel_requested = TRUE, finished_at = ?, updated_at = ?, event_seq = event_seq + 1
+	now := ts(c.cancel[0].now)
+	data := mustJSON(map[string]any{"reason": "run cancelled"})
+	// The event as rowJSON writes it, its number filled in by the UPDATE;
+	// the row takes it while it holds fewer than taskRowEvents, else it is
+	// written to the events table below.
+	head, tail, _ := strings.Cut(string(eventRow{seq: -1, typ: "cancelled", data: data, at: now}.rowJSON(nil)), "-1")
+	args := append([]any{now, now, taskRowEvents, head, tail}, ids...)
+	rows, err := tx.QueryContext(ctx, s.q(`UPDATE tasks SET status = 'cancelled', cancel_requested = TRUE, finished_at = ?, updated_at = ?, event_seq = event_seq + 1,
+			events = CASE WHEN event_seq < ? THEN events || CAST(? AS TEXT) || CAST(event_seq + 1 AS TEXT) || CAST(? AS TEXT) ELSE events END
 		WHERE `+cond+` AND status IN ('pending', 'leased') RETURNING id, event_seq`), args...)
 	if err != nil {
 		return fmt.Errorf("cancel tasks: %w", err)
 	}
 	defer rows.Close()
-	data := mustJSON(map[string]any{"reason": "run cancelled"})
 	var cancelled map[string]bool
 	for rows.Next() {
 		var id string
@@ -653,7 +774,9 @@ func (s *Store) cancelTasks(ctx context.Context, tx querier, c *changeset) error
 		if err := rows.Scan(&id, &seq); err != nil {
 			return err
 		}
-		c.events = append(c.events, eventRow{owner: id, seq: seq, typ: "cancelled", data: data, at: ts(c.cancel[0].now)})
+		// task: true, so the events table takes it only past the row's
+		// share (inRow), as every task event.
+		c.events = append(c.events, eventRow{owner: id, seq: seq, typ: "cancelled", data: data, at: now, task: true})
 		if cancelled == nil {
 			cancelled = map[string]bool{}
 		}

@@ -1,6 +1,7 @@
 package sqlstore
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/ferryhq/ferry/internal/store"
@@ -491,23 +493,40 @@ func (s *Store) ListRuns(ctx context.Context, workflowID string, p store.Page) (
 	return out, next, nil
 }
 
-// ListEvents returns a run's events after a sequence number.
-func (s *Store) ListEvents(ctx context.Context, runID string, afterSeq int64, lim int) ([]*store.Event, error) {
+// ListEvents returns a run's or task's events after a sequence number.
+// A task's first events are in its row (see taskRowEvents), the rest and
+// those written before migration 0009 in the events table, where a row
+// may pack several (see eventRows) and is numbered by its last: one
+// statement reads both, so the page is a prefix of the log as of one
+// moment. The LIMIT counts rows, each of one event or more, so it never
+// cuts the page short.
+func (s *Store) ListEvents(ctx context.Context, owner string, afterSeq int64, lim int) ([]*store.Event, error) {
 	if lim <= 0 || lim > 1000 {
 		lim = 1000
 	}
-	rows, err := s.r.QueryContext(ctx, s.q(`SELECT run_id, seq, type, step, data, at FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?`), runID, afterSeq, lim)
+	rows, err := s.r.QueryContext(ctx, s.q(`SELECT seq, type, step, data, at, earlier FROM (SELECT seq, type, step, data, at, earlier FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?) e
+		UNION ALL SELECT 0, '', '', NULL, 0, events FROM tasks WHERE id = ? AND events <> ''`), owner, afterSeq, lim, owner)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
 	var out []*store.Event
 	for rows.Next() {
-		var e store.Event
-		var data sql.NullString
+		e := store.Event{RunID: owner}
+		var data, packed sql.NullString
 		var at int64
-		if err := rows.Scan(&e.RunID, &e.Seq, &e.Type, &e.Step, &data, &at); err != nil {
+		if err := rows.Scan(&e.Seq, &e.Type, &e.Step, &data, &at, &packed); err != nil {
 			return nil, err
+		}
+		if packed.Valid {
+			evs, err := unpackEvents(owner, packed.String, afterSeq)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, evs...)
+		}
+		if e.Seq == 0 { // a task's row: its events are all packed
+			continue
 		}
 		if data.Valid {
 			e.Data = json.RawMessage(data.String)
@@ -515,7 +534,33 @@ func (s *Store) ListEvents(ctx context.Context, runID string, afterSeq int64, li
 		e.At = fromTS(at)
 		out = append(out, &e)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	slices.SortFunc(out, func(a, b *store.Event) int { return cmp.Compare(a.Seq, b.Seq) })
+	return out[:min(len(out), lim)], nil
+}
+
+// unpackEvents reads the events packed in a row (eventRow.rowJSON's: a
+// task's row or an events row's earlier) numbered after afterSeq.
+func unpackEvents(owner, packed string, afterSeq int64) ([]*store.Event, error) {
+	var evs []struct {
+		Seq  int64           `json:"seq"`
+		Type string          `json:"type"`
+		Step string          `json:"step"`
+		Data json.RawMessage `json:"data"`
+		At   int64           `json:"at"`
+	}
+	if err := json.Unmarshal([]byte("["+strings.TrimPrefix(packed, ",")+"]"), &evs); err != nil {
+		return nil, fmt.Errorf("events of %s: %w", owner, err)
+	}
+	var out []*store.Event
+	for _, e := range evs {
+		if e.Seq > afterSeq {
+			out = append(out, &store.Event{RunID: owner, Seq: e.Seq, Type: e.Type, Step: e.Step, Data: e.Data, At: fromTS(e.At)})
+		}
+	}
+	return out, nil
 }
 
 // StepByToken finds a webhook step by its callback token.

@@ -294,7 +294,7 @@ func (t *runTx) Append(events ...store.NewEvent) error {
 		return nil
 	}
 	t.cs.run(t)
-	return t.cs.addEvents(t.run.ID, &t.seq, t.now, events)
+	return t.cs.addEvents(t.run.ID, false, &t.seq, t.now, events)
 }
 
 // ---- queue ----

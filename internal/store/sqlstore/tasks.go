@@ -221,75 +221,29 @@ func claimWalks(filter string) [2]string {
 	}
 }
 
-// claimInTx claims in a write transaction: the walks find candidates, an
-// UPDATE leases the first req.Max of them, and the events are flushed.
+// claimInTx claims in a write transaction: the walks read the candidates
+// whole, lease decides in memory, and the changeset writes the leases.
 func (s *Store) claimInTx(ctx context.Context, req store.ClaimTasks, filter string, fargs []any, tok string, until time.Time) ([]*store.Task, error) {
-	now := ts(req.Now)
 	var out []*store.Task
 	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		out = out[:0]
-		var cands []claimCand
+		var cands []lockedTask
 		for _, walk := range claimWalks(filter) {
-			args := append(append([]any{now}, fargs...), req.Max)
-			rows, err := tx.QueryContext(ctx, s.q(`SELECT id, priority, run_at, created_at FROM tasks WHERE `+walk+` LIMIT ?`+s.d.SkipLocked), args...)
+			args := append(append([]any{ts(req.Now)}, fargs...), req.Max)
+			rows, err := tx.QueryContext(ctx, s.q(`SELECT `+taskCols+`, event_seq FROM tasks WHERE `+walk+` LIMIT ?`+s.d.SkipLocked), args...)
 			if err != nil {
 				return fmt.Errorf("claim tasks: %w", err)
 			}
-			for rows.Next() {
-				var c claimCand
-				if err := rows.Scan(&c.id, &c.priority, &c.runAt, &c.created); err != nil {
-					rows.Close()
-					return err
-				}
-				cands = append(cands, c)
-			}
+			found, err := scanLockedTasks(rows)
 			rows.Close()
-			if err := rows.Err(); err != nil {
-				return err
-			}
-		}
-		if len(cands) == 0 {
-			return nil
-		}
-		sort.Slice(cands, func(i, j int) bool { return cands[i].less(cands[j]) })
-		cands = cands[:min(len(cands), req.Max)]
-		ids := make([]any, len(cands))
-		for i, c := range cands {
-			ids[i] = c.id
-		}
-		cond, ids := s.inList("id", ids)
-		rows, err := tx.QueryContext(ctx, s.q(`UPDATE tasks SET
-			reclaimed = (status = 'leased'),
-			status = 'leased', leased_by = ?, lease_token = ?, lease_until = ?, attempt = attempt + 1, updated_at = ?,
-			event_seq = event_seq + CASE WHEN status = 'leased' THEN 2 ELSE 1 END
-		WHERE `+cond+`
-		RETURNING `+taskCols+`, event_seq`), append([]any{req.WorkerID, tok, ts(until), now}, ids...)...)
-		if err != nil {
-			return fmt.Errorf("claim tasks: %w", err)
-		}
-		var seqs []int64
-		for rows.Next() {
-			var seq int64
-			t, err := scanTask(scanTail{rows, []any{&seq}})
 			if err != nil {
-				rows.Close()
-				return err
+				return fmt.Errorf("claim tasks: %w", err)
 			}
-			out = append(out, t)
-			seqs = append(seqs, seq)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
+			for _, lt := range found {
+				cands = append(cands, lt)
+			}
 		}
 		cs := &changeset{}
-		for i, t := range out {
-			if t.Reclaimed {
-				cs.events = append(cs.events, eventRow{owner: t.ID, seq: seqs[i] - 1, typ: "lease_expired", data: mustJSON(map[string]any{"attempt": t.Attempt - 1}), at: now})
-			}
-			// The lease end as stored (microseconds), as on Postgres.
-			cs.events = append(cs.events, eventRow{owner: t.ID, seq: seqs[i], typ: "claimed", data: mustJSON(map[string]any{"worker_id": req.WorkerID, "attempt": t.Attempt, "lease_until": fromTS(ts(until))}), at: now})
-		}
+		out = s.lease(ctx, cs, cands, req, tok, until)
 		return s.flush(ctx, tx, cs)
 	})
 	return out, err
@@ -301,12 +255,9 @@ func (s *Store) claimInTx(ctx context.Context, req store.ClaimTasks, filter stri
 // leases and their events written with COMMIT. A claim in a plain
 // transaction took six (begin, the walks, the update, the events, commit).
 func (s *Store) claimPipelined(ctx context.Context, req store.ClaimTasks, filter string, fargs []any, tok string, until time.Time) ([]*store.Task, error) {
-	now := fromTS(ts(req.Now))
-	until = fromTS(ts(until))
 	var cands []lockedTask
-	walks := claimWalks(filter)
 	var qs []PipeQuery
-	for _, walk := range walks {
+	for _, walk := range claimWalks(filter) {
 		args := append(append([]any{ts(req.Now)}, fargs...), req.Max)
 		qs = append(qs, PipeQuery{SQL: s.q(`SELECT ` + taskCols + `, event_seq FROM tasks WHERE ` + walk + ` LIMIT ?` + s.d.SkipLocked), Args: args, Custom: true, Rows: func(r PipeRows) error {
 			found, err := scanLockedTasks(r)
@@ -318,30 +269,42 @@ func (s *Store) claimPipelined(ctx context.Context, req store.ClaimTasks, filter
 	}
 	var out []*store.Task
 	_, err := s.pipelined(ctx, nil, req.Now, qs, func(cs *changeset, _ map[string]*runTx) ([]PipeQuery, error) {
-		out = out[:0]
-		sort.Slice(cands, func(i, j int) bool { return claimOrder(cands[i].task, cands[j].task) })
-		for _, lt := range cands[:min(len(cands), req.Max)] {
-			t, seq := lt.task, lt.seq
-			t.Reclaimed = t.Status == status.TaskLeased
-			if t.Reclaimed {
-				seq++
-				cs.events = append(cs.events, eventRow{owner: t.ID, seq: seq, typ: "lease_expired", data: mustJSON(map[string]any{"attempt": t.Attempt}), at: ts(now)})
-			}
-			lease := until // each task its own: callers may change one
-			t.Status, t.LeasedBy, t.LeaseToken, t.LeaseUntil = status.TaskLeased, req.WorkerID, tok, &lease
-			t.Attempt++
-			t.UpdatedAt = now
-			seq++
-			cs.events = append(cs.events, eventRow{owner: t.ID, seq: seq, typ: "claimed", data: mustJSON(map[string]any{"worker_id": req.WorkerID, "attempt": t.Attempt, "lease_until": until.UTC()}), at: ts(now)})
-			cs.task(&taskTx{s: s, ctx: ctx, cs: cs, task: t, now: now, seq: seq})
-			out = append(out, t)
-		}
+		out = s.lease(ctx, cs, cands, req, tok, until)
 		return nil, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("claim tasks: %w", err)
 	}
 	return out, nil
+}
+
+// lease leases the first req.Max of the candidates (read and locked by a
+// claim's walks) in cs, with their events: lease_expired for a lease that
+// ran out, then claimed.
+func (s *Store) lease(ctx context.Context, cs *changeset, cands []lockedTask, req store.ClaimTasks, tok string, until time.Time) []*store.Task {
+	// Times as stored (microseconds), so the tasks handed out equal what
+	// a read returns.
+	now := fromTS(ts(req.Now))
+	until = fromTS(ts(until))
+	sort.Slice(cands, func(i, j int) bool { return claimOrder(cands[i].task, cands[j].task) })
+	var out []*store.Task
+	for _, lt := range cands[:min(len(cands), req.Max)] {
+		t, seq := lt.task, lt.seq
+		t.Reclaimed = t.Status == status.TaskLeased
+		if t.Reclaimed {
+			seq++
+			cs.events = append(cs.events, eventRow{owner: t.ID, seq: seq, typ: "lease_expired", data: mustJSON(map[string]any{"attempt": t.Attempt}), at: ts(now), task: true})
+		}
+		lease := until // each task its own: callers may change one
+		t.Status, t.LeasedBy, t.LeaseToken, t.LeaseUntil = status.TaskLeased, req.WorkerID, tok, &lease
+		t.Attempt++
+		t.UpdatedAt = now
+		seq++
+		cs.events = append(cs.events, eventRow{owner: t.ID, seq: seq, typ: "claimed", data: mustJSON(map[string]any{"worker_id": req.WorkerID, "attempt": t.Attempt, "lease_until": until.UTC()}), at: ts(now), task: true})
+		cs.task(&taskTx{s: s, ctx: ctx, cs: cs, task: t, now: now, seq: seq})
+		out = append(out, t)
+	}
+	return out
 }
 
 // claimOrder is the order claims hand tasks out in.
@@ -366,22 +329,6 @@ func (s *Store) anyClaimable(ctx context.Context, filter string, fargs []any, no
 		return false, fmt.Errorf("claim tasks: %w", err)
 	}
 	return ok, nil
-}
-
-type claimCand struct {
-	id             string
-	priority       int
-	runAt, created int64
-}
-
-func (c claimCand) less(o claimCand) bool {
-	if c.priority != o.priority {
-		return c.priority < o.priority
-	}
-	if c.runAt != o.runAt {
-		return c.runAt < o.runAt
-	}
-	return c.created < o.created
 }
 
 // scanTail scans a task followed by extra columns.
@@ -646,7 +593,7 @@ func (t *taskTx) AppendTask(events ...store.NewEvent) error {
 		return nil
 	}
 	t.cs.task(t)
-	return t.cs.addEvents(t.task.ID, &t.seq, t.now, events)
+	return t.cs.addEvents(t.task.ID, true, &t.seq, t.now, events)
 }
 
 // CreateTask adds a step's task to the run's transaction.

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -19,6 +21,7 @@ var runTests = []test{
 	{"ListNewestFirstByCursor", testListRuns},
 	{"GetUnknownIsNotFound", testGetRunUnknown},
 	{"ListEventsAfterSeqAndLimit", testListEventsPaging},
+	{"ListEventsOfLargeTransactionsEveryPage", testListEventsLargeTx},
 	{"StepByToken", testStepByToken},
 	{"CallbackTokenUnique", testCallbackTokenUnique},
 	{"CountRunsByStatus", testCountRuns},
@@ -522,5 +525,53 @@ func testCreateRunsChecksWorkflow(t *testing.T, s store.Store) {
 	must(t, err, "CreateRuns again")
 	if res[0].Err != nil || !res[0].Created || res[0].Run.Version != 2 {
 		t.Fatalf("bumped, read again: %+v (run %+v), want created at version 2", res[0], res[0].Run)
+	}
+}
+
+// testListEventsLargeTx: the events of transactions of one, many and
+// large events (a store may keep those of one transaction together) read
+// back as one sequence, whatever page cuts it.
+func testListEventsLargeTx(t *testing.T, s store.Store) {
+	wf := mkWorkflow(t, s, "wf")
+	r := mkRun(t, s, &store.NewRun{Run: baseRun(wf, ""), Events: []store.NewEvent{{Type: "run_started"}}})
+	big := strings.Repeat("x", 3000)
+	var want []*store.Event
+	want = append(want, events(t, s, r.ID)...)
+	for i, n := range []int{1, 40, 3, 17} {
+		now := at(time.Duration(i+1) * time.Second)
+		var evs []store.NewEvent
+		for j := range n {
+			e := store.NewEvent{Type: fmt.Sprintf("t%d.e%d", i, j), Step: fmt.Sprintf("s%d", j%3)}
+			switch j % 4 {
+			case 1:
+				e.Data = map[string]any{"j": j, "quote": `"a\nb"`}
+			case 2:
+				e.Data = map[string]any{"big": big} // past a pack's bytes
+			}
+			evs = append(evs, e)
+		}
+		inRun(t, s, r.ID, now, func(tx store.RunTx) error { return tx.Append(evs...) })
+		for _, e := range evs {
+			ev := &store.Event{RunID: r.ID, Seq: int64(len(want) + 1), Type: e.Type, Step: e.Step, At: now}
+			if e.Data != nil {
+				b, err := json.Marshal(e.Data)
+				must(t, err, "encode")
+				ev.Data = b
+			}
+			want = append(want, ev)
+		}
+	}
+	all := events(t, s, r.ID)
+	diff(t, "seqs", seqRange(1, int64(len(want))), seqs(all))
+	diff(t, "events", want, all)
+	for after := 0; after <= len(want); after++ {
+		for _, lim := range []int{1, 2, 5, 16, 17} {
+			got, err := s.ListEvents(t.Context(), r.ID, int64(after), lim)
+			must(t, err, "ListEvents")
+			w := seqs(want[after:min(after+lim, len(want))])
+			if g := seqs(got); !slices.Equal(g, w) {
+				t.Fatalf("page after %d, limit %d = %v, want %v", after, lim, g, w)
+			}
+		}
 	}
 }

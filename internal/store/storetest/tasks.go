@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -36,6 +37,9 @@ var taskTests = []test{
 	{"InTasksKnownRuns", testInTasksKnownRuns},
 	{"UpdateTaskRoundTrip", testUpdateTaskRoundTrip},
 	{"AppendTaskContinuesSeq", testAppendTaskSeq},
+	{"TaskEventsPastTheRowPage", testTaskEventsPastRow},
+	{"CancelTasksPastTheRow", testCancelTasksPastRow},
+	{"TaskEventsWrittenBeforeTheRowHeldThem", testTaskEventsLegacy},
 	{"CancelTasksOnlyThatRun", testCancelTasks},
 	{"CreatedLeasedThenCancelledNotReported", testCreatedLeasedThenCancelled},
 	{"TaskTypes", testTaskTypes},
@@ -1180,4 +1184,117 @@ func testCreatedLeasedThenCancelled(t *testing.T, s store.Store) {
 	if k := getTask(t, s, gone.ID); k.Status != status.TaskCancelled {
 		t.Errorf("stored task created leased then cancelled = %s", k.Status)
 	}
+}
+
+// heartbeats appends n heartbeat events to task id, one transaction each.
+func heartbeats(t *testing.T, s store.Store, id string, now time.Time, n int) {
+	t.Helper()
+	for i := range n {
+		must(t, s.InTask(t.Context(), id, now, func(tx store.TaskTx) error {
+			return tx.AppendTask(store.NewEvent{Type: "heartbeat", Data: map[string]any{"n": i}})
+		}), "InTask heartbeat")
+	}
+}
+
+// testTaskEventsPastRow: a task's log is one sequence however long it
+// grows (a store may keep its first events apart from the rest), and
+// pages cut it anywhere.
+func testTaskEventsPastRow(t *testing.T, s store.Store) {
+	k := mkTask(t, s, newTask("billing.invoice.v1", t0), t0)
+	if c := claimTasks(t, s, []string{"billing.%"}, "w", t0, time.Hour, 1); len(c) != 1 {
+		t.Fatalf("claimed %d, want 1", len(c))
+	}
+	now := at(time.Second)
+	heartbeats(t, s, k.ID, now, 20)
+	must(t, s.InTask(t.Context(), k.ID, now, func(tx store.TaskTx) error {
+		return tx.AppendTask(store.NewEvent{Type: "succeeded", Step: "s", Data: map[string]any{"ok": true}})
+	}), "InTask succeeded")
+	evs := events(t, s, k.ID)
+	diff(t, "seqs", seqRange(1, 23), seqs(evs))
+	if len(evs) != 23 {
+		return
+	}
+	for i, e := range evs[2:22] {
+		if e.Type != "heartbeat" || string(e.Data) != fmt.Sprintf(`{"n":%d}`, i) || !e.At.Equal(now) || e.RunID != k.ID {
+			t.Errorf("event %d = %+v (data %s), want heartbeat {\"n\":%d} at %v", e.Seq, e, e.Data, i, now)
+		}
+	}
+	diff(t, "last event", &store.Event{RunID: k.ID, Seq: 23, Type: "succeeded", Step: "s", Data: json.RawMessage(`{"ok":true}`), At: now}, evs[22])
+	for _, p := range []struct {
+		after int64
+		lim   int
+	}{{0, 1}, {5, 3}, {6, 4}, {7, 5}, {8, 1}, {20, 10}, {23, 5}, {0, 1000}} {
+		got, err := s.ListEvents(t.Context(), k.ID, p.after, p.lim)
+		must(t, err, "ListEvents")
+		want := evs[min(p.after, 23):min(p.after+int64(p.lim), 23)]
+		diff(t, fmt.Sprintf("page after %d, limit %d", p.after, p.lim), seqs(want), seqs(got))
+		if len(want) > 0 && len(got) == len(want) {
+			diff(t, fmt.Sprintf("page after %d, limit %d", p.after, p.lim), want, got)
+		}
+	}
+}
+
+// testCancelTasksPastRow: a run's cancellation numbers each task's
+// cancelled event after whatever its log holds, short or long.
+func testCancelTasksPastRow(t *testing.T, s store.Store) {
+	wf := mkWorkflow(t, s, "wf")
+	r := mkSimpleRun(t, s, wf)
+	var ks []*store.Task
+	for _, step := range []string{"a", "b", "c"} {
+		k := &store.Task{Type: "long." + step + ".v1", Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: t0, Step: step}
+		inRun(t, s, r.ID, t0, func(tx store.RunTx) error { return tx.CreateTask(k) })
+		ks = append(ks, k)
+	}
+	// 1 + 6 events, 1 + 7 and 1 + 12 before the cancellation: its event
+	// is the row's last, just past it, and well past it.
+	for i, n := range []int{6, 7, 12} {
+		heartbeats(t, s, ks[i].ID, t0, n)
+	}
+	now := at(time.Minute)
+	inRun(t, s, r.ID, now, func(tx store.RunTx) error { return tx.CancelTasks() })
+	for i, n := range []int{6, 7, 12} {
+		evs := events(t, s, ks[i].ID)
+		diff(t, ks[i].Type+" seqs", seqRange(1, int64(n)+2), seqs(evs))
+		if len(evs) == n+2 {
+			last := evs[n+1]
+			if last.Type != "cancelled" || !last.At.Equal(now) || string(last.Data) != `{"reason":"run cancelled"}` {
+				t.Errorf("%s: last event = %+v (data %s), want cancelled at %v", ks[i].Type, last, last.Data, now)
+			}
+		}
+	}
+}
+
+// testTaskEventsLegacy: a task whose first events were written to the
+// events table (by a version before tasks held their own) continues its
+// log in order; the migration moves nothing.
+func testTaskEventsLegacy(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	raw, ok := s.(interface{ DB() *sql.DB })
+	if !ok {
+		t.Skip("the store exposes no database handle")
+	}
+	k := mkTask(t, s, newTask("legacy.v1", t0), t0)
+	before := events(t, s, k.ID)
+	if len(before) != 1 {
+		t.Fatalf("events of a new task = %d, want 1", len(before))
+	}
+	for _, q := range []string{
+		fmt.Sprintf(`UPDATE tasks SET events = '' WHERE id = '%s'`, k.ID),
+		fmt.Sprintf(`INSERT INTO events (run_id, seq, type, step, data, at) VALUES ('%s', 1, 'created', '', '%s', %d)`, k.ID, before[0].Data, t0.UnixMicro()),
+	} {
+		if _, err := raw.DB().ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	diff(t, "the legacy log", before, events(t, s, k.ID))
+	if c := claimTasks(t, s, []string{"legacy.%"}, "w", t0, time.Hour, 1); len(c) != 1 {
+		t.Fatalf("claimed %d, want 1", len(c))
+	}
+	heartbeats(t, s, k.ID, t0, 9)
+	evs := events(t, s, k.ID)
+	diff(t, "seqs", seqRange(1, 11), seqs(evs))
+	diff(t, "types", append([]string{"created", "claimed"}, slices.Repeat([]string{"heartbeat"}, 9)...), eventTypes(evs))
+	got, err := s.ListEvents(ctx, k.ID, 0, 2)
+	must(t, err, "ListEvents")
+	diff(t, "first page", seqRange(1, 2), seqs(got))
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // DefaultDSN is the local test server used when FERRY_TEST_POSTGRES is unset.
@@ -81,7 +83,18 @@ func dropSchema(t testing.TB, base, ident string) {
 		return
 	}
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+ident+" CASCADE"); err != nil {
+	// A backend of the test's closed pool may still be finishing work in
+	// the schema (a background ANALYZE its client stopped waiting for),
+	// and Postgres may break the resulting lock cycle by failing the drop:
+	// it is tried again, the other side having been let through.
+	for attempt := 1; ; attempt++ {
+		_, err = conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+ident+" CASCADE")
+		var pgErr *pgconn.PgError
+		if err == nil || attempt == 5 || !errors.As(err, &pgErr) || pgErr.Code != "40P01" {
+			break
+		}
+	}
+	if err != nil {
 		t.Errorf("pgtest: drop schema %s: %v", ident, err)
 	}
 }

@@ -79,6 +79,9 @@ func (e eventRow) rowJSON(b []byte) []byte {
 }
 
 func appendJSONString(b []byte, s string) []byte {
+	if out, ok := appendPlainString(b, s); ok {
+		return out
+	}
 	q, _ := json.Marshal(s) // a string always encodes
 	return append(b, q...)
 }
@@ -304,7 +307,7 @@ func (c *changeset) addEvents(owner string, task bool, seq *int64, now time.Time
 		*seq++
 		var data any
 		if e.Data != nil {
-			b, err := json.Marshal(e.Data)
+			b, err := encodeData(e.Data)
 			if err != nil {
 				return fmt.Errorf("encode event: %w", err)
 			}

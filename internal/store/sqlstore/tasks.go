@@ -77,8 +77,10 @@ func createdData(t *store.Task) string {
 	return mustJSON(d)
 }
 
+// mustJSON is the data of an event the store writes itself (never
+// unencodable).
 func mustJSON(v any) string {
-	b, _ := json.Marshal(v)
+	b, _ := encodeData(v)
 	return string(b)
 }
 

@@ -957,7 +957,7 @@ func testAppendTaskSeq(t *testing.T, s store.Store) {
 		if err := tx.AppendTask(store.NewEvent{Type: "heartbeat", Data: map[string]any{"n": 1}}); err != nil {
 			return err
 		}
-		return tx.AppendTask(store.NewEvent{Type: "heartbeat", Data: map[string]any{"n": 2}}, store.NewEvent{Type: "note", Step: "s"})
+		return tx.AppendTask(store.NewEvent{Type: "heartbeat", Data: map[string]any{"n": 2}}, store.NewEvent{Type: "note", Step: `s "<é>"\`})
 	}), "InTask append")
 	// Appending nothing leaves the sequence alone.
 	must(t, s.InTask(t.Context(), k.ID, now, func(store.TaskTx) error { return nil }), "InTask noop")
@@ -972,7 +972,7 @@ func testAppendTaskSeq(t *testing.T, s store.Store) {
 		want := []*store.Event{
 			{RunID: k.ID, Seq: 3, Type: "heartbeat", Data: json.RawMessage(`{"n":1}`), At: now},
 			{RunID: k.ID, Seq: 4, Type: "heartbeat", Data: json.RawMessage(`{"n":2}`), At: now},
-			{RunID: k.ID, Seq: 5, Type: "note", Step: "s", At: now},
+			{RunID: k.ID, Seq: 5, Type: "note", Step: `s "<é>"\`, At: now},
 			{RunID: k.ID, Seq: 6, Type: "retried", At: later},
 		}
 		diff(t, "appended events", want, evs[2:])
@@ -1207,7 +1207,7 @@ func testTaskEventsPastRow(t *testing.T, s store.Store) {
 	now := at(time.Second)
 	heartbeats(t, s, k.ID, now, 20)
 	must(t, s.InTask(t.Context(), k.ID, now, func(tx store.TaskTx) error {
-		return tx.AppendTask(store.NewEvent{Type: "succeeded", Step: "s", Data: map[string]any{"ok": true}})
+		return tx.AppendTask(store.NewEvent{Type: "succeeded", Step: `s "<é>"\`, Data: map[string]any{"ok": true}})
 	}), "InTask succeeded")
 	evs := events(t, s, k.ID)
 	diff(t, "seqs", seqRange(1, 23), seqs(evs))
@@ -1219,7 +1219,7 @@ func testTaskEventsPastRow(t *testing.T, s store.Store) {
 			t.Errorf("event %d = %+v (data %s), want heartbeat {\"n\":%d} at %v", e.Seq, e, e.Data, i, now)
 		}
 	}
-	diff(t, "last event", &store.Event{RunID: k.ID, Seq: 23, Type: "succeeded", Step: "s", Data: json.RawMessage(`{"ok":true}`), At: now}, evs[22])
+	diff(t, "last event", &store.Event{RunID: k.ID, Seq: 23, Type: "succeeded", Step: `s "<é>"\`, Data: json.RawMessage(`{"ok":true}`), At: now}, evs[22])
 	for _, p := range []struct {
 		after int64
 		lim   int

@@ -15,7 +15,7 @@ import (
 // (a float, a nested value, a string needing escapes) goes to
 // encoding/json.
 func encodeData(v any) ([]byte, error) {
-	if m, ok := v.(map[string]any); ok {
+	if m, ok := v.(map[string]any); ok && m != nil { // nil is null
 		if b, ok := appendMap(make([]byte, 0, 128), m); ok {
 			return b, nil
 		}
@@ -56,8 +56,9 @@ func appendMap(b []byte, m map[string]any) ([]byte, bool) {
 		case int64:
 			b = strconv.AppendInt(b, x, 10)
 		case time.Time:
-			// Time.MarshalJSON's form, which refuses years it cannot write.
-			if y := x.Year(); y < 0 || y > 9999 {
+			// Time.MarshalJSON's form, for the UTC times events carry (it
+			// refuses years it cannot write and offsets of a day or more).
+			if y := x.Year(); y < 0 || y > 9999 || x.Location() != time.UTC {
 				return nil, false
 			}
 			b = append(b, '"')

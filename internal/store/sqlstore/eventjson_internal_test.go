@@ -11,7 +11,8 @@ import (
 // TestEncodeDataMatchesEncodingJSON: encodeData writes what json.Marshal
 // writes for any event data, taking its own path or not: maps of every
 // value kind, keys and strings of any bytes (quotes, escapes, HTML
-// characters, non-ASCII, invalid UTF-8), times of any year and zone.
+// characters, non-ASCII, invalid UTF-8), times of any year and zone
+// (json.Marshal refuses some: so must encodeData), a nil map.
 func TestEncodeDataMatchesEncodingJSON(t *testing.T) {
 	str := rapid.OneOf(
 		rapid.StringMatching(`[a-z_]{0,12}`),
@@ -31,13 +32,19 @@ func TestEncodeDataMatchesEncodingJSON(t *testing.T) {
 		rapid.Map(rapid.Int64Range(0, 4000000000000000), func(ns int64) any {
 			return time.Unix(0, ns).In(time.FixedZone("x", 5400))
 		}),
+		rapid.Map(rapid.Int64Range(0, 4000000000000000), func(ns int64) any {
+			return time.Unix(0, ns).In(time.FixedZone("beyond a day", 25*3600))
+		}),
 		rapid.Map(rapid.SliceOfN(rapid.Int(), 0, 3), func(v []int) any { return v }),
 		rapid.Map(rapid.MapOfN(rapid.StringMatching(`[a-z]{1,4}`), rapid.Int(), 0, 3), func(v map[string]int) any { return v }),
 	)
 	rapid.Check(t, func(t *rapid.T) {
 		var v any = rapid.MapOfN(str, value, 0, 10).Draw(t, "map")
-		if rapid.IntRange(0, 9).Draw(t, "kind") == 0 {
+		switch rapid.IntRange(0, 9).Draw(t, "kind") {
+		case 0:
 			v = rapid.MapOfN(str, rapid.Int(), 0, 3).Draw(t, "other map type")
+		case 1:
+			v = map[string]any(nil)
 		}
 		want, wantErr := json.Marshal(v)
 		got, err := encodeData(v)

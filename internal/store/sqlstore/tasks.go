@@ -309,7 +309,9 @@ func (s *Store) lease(ctx context.Context, cs *changeset, cands []lockedTask, re
 	return out
 }
 
-// claimOrder is the order claims hand tasks out in.
+// claimOrder is the order claims hand tasks out in; the id breaks ties
+// (the tasks of a fan-out are created at one time), so which of them a
+// claim takes does not depend on the order rows came back in.
 func claimOrder(a, b *store.Task) bool {
 	if a.Priority != b.Priority {
 		return a.Priority < b.Priority
@@ -317,7 +319,10 @@ func claimOrder(a, b *store.Task) bool {
 	if !a.RunAt.Equal(b.RunAt) {
 		return a.RunAt.Before(b.RunAt)
 	}
-	return a.CreatedAt.Before(b.CreatedAt)
+	if !a.CreatedAt.Equal(b.CreatedAt) {
+		return a.CreatedAt.Before(b.CreatedAt)
+	}
+	return a.ID < b.ID
 }
 
 // anyClaimable says whether a claim of these types would find a task:

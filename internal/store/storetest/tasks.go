@@ -22,6 +22,7 @@ var taskTests = []test{
 	{"CreateIdempotencyKeyConcurrent", testTaskCreateIdempotentConcurrent},
 	{"GetUnknownIsNotFound", testTaskGetUnknown},
 	{"ClaimOrderPriorityRunAtCreated", testTaskClaimOrder},
+	{"ClaimOrderTiesByID", testTaskClaimTies},
 	{"ClaimPrefixRouting", testTaskClaimRouting},
 	{"ClaimNotYetDue", testTaskClaimNotDue},
 	{"ClaimSetsLeaseAndEvent", testTaskClaimLease},
@@ -1297,4 +1298,20 @@ func testTaskEventsLegacy(t *testing.T, s store.Store) {
 	got, err := s.ListEvents(ctx, k.ID, 0, 2)
 	must(t, err, "ListEvents")
 	diff(t, "first page", seqRange(1, 2), seqs(got))
+}
+
+// testTaskClaimTies: tasks equal in priority, due time and creation (a
+// fan-out's) are claimed in id order, the pending ones and those whose
+// lease ran out alike, whatever order the rows come back in.
+func testTaskClaimTies(t *testing.T, s store.Store) {
+	var ids []string
+	for range 6 {
+		ids = append(ids, mkTask(t, s, newTask("tie.x.v1", t0), t0).ID)
+	}
+	slices.Sort(ids)
+	// Two of them leased and then left to expire: the claim reads them
+	// through the other walk, and they must still take their place by id.
+	diff(t, "first claim", ids[:2], taskIDs(claimTasks(t, s, []string{"tie.%"}, "w", t0, time.Second, 2)))
+	got := claimTasks(t, s, []string{"tie.%"}, "w", at(time.Minute), time.Minute, 4)
+	diff(t, "claimed ids", ids[:4], taskIDs(got))
 }

@@ -140,7 +140,8 @@ func TestScaleReportsEachLevel(t *testing.T) {
 }
 
 // TestDefaultWorkers: unless told, jobs runs River's benchmark's 2,000
-// handlers and the workflows 64, and settings say which ran.
+// handlers, chain10 16 and the other workflows 64, and settings say
+// which ran.
 func TestDefaultWorkers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs workloads")
@@ -148,7 +149,7 @@ func TestDefaultWorkers(t *testing.T) {
 	for _, tc := range []struct {
 		workload string
 		want     int
-	}{{"jobs", 2000}, {"chain10", 64}} {
+	}{{"jobs", 2000}, {"chain10", 16}, {"fanout", 64}} {
 		res, err := Run(t.Context(), Options{Workload: tc.workload, Database: "sqlite", N: 5, Timeout: time.Minute}, nil)
 		if err != nil {
 			t.Fatal(err)

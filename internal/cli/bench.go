@@ -61,7 +61,7 @@ dropped afterwards.`,
 	f.StringVar(&o.Workload, "workload", "all", "jobs, chain10, fanout, sleep, sleep-rss (100,000 runs held asleep), start (trigger → first step's start at a light load), scale (hand-off and claim latency with 10k/100k/1M finished runs retained; -n sets the top level) or all (the first four)")
 	f.StringVar(&o.Database, "database", "sqlite", "sqlite or a postgres:// URL")
 	f.IntVarP(&o.N, "n", "n", 0, "runs per workload (default: jobs 20000, chain10 1000, fanout 1000, sleep 10000, sleep-rss 100000, start 500)")
-	f.IntVar(&o.Workers, "workers", 0, "worker SDK concurrency (handlers in flight; default: jobs 2000, as in River's benchmark, the others 64)")
+	f.IntVar(&o.Workers, "workers", 0, "worker SDK concurrency (handlers in flight; default: jobs 2000, as in River's benchmark, chain10 16, the others 64)")
 	f.IntVar(&o.Concurrency, "concurrency", 64, "engine dispatcher slots")
 	f.DurationVar(&o.Timeout, "timeout", 30*time.Minute, "give up on a workload after this long")
 	f.IntVar(&o.Repeat, "repeat", 1, "run each workload this many times and report the median run (by units/s)")

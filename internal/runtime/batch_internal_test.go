@@ -1,10 +1,13 @@
 package runtime
 
 import (
+	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ferryhq/ferry/internal/store"
+	"github.com/ferryhq/ferry/internal/testwait"
 )
 
 // TestReportsOfOneRunShareALane: with keyed lanes, every report of a task
@@ -57,4 +60,69 @@ func TestReportsOfOneRunShareALane(t *testing.T) {
 	if sq, _, _ := newInternal(t); len(sq.reports.lanes) != 1 {
 		t.Errorf("on SQLite reports have %d queues, want 1 shared", len(sq.reports.lanes))
 	}
+}
+
+// TestBatchUnderLoadWaitsForMore: with a flush window, a lone request is
+// written at once, and a loop whose last batch held several waits for
+// its next batch to fill (here: the window is an hour, so only the size
+// can end the wait) instead of writing its first request alone.
+func TestBatchUnderLoadWaitsForMore(t *testing.T) {
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	gate := make(chan struct{})
+	applied := make(chan []string, 8)
+	// Keyed, every request to the first lane: one loop, one queue.
+	b := newBatcher(stop, &wg, func(*triggerReq) uint64 { return 0 }, func(batch []*triggerReq) []*triggerReq {
+		var names []string
+		for _, q := range batch {
+			names = append(names, q.run.ID)
+			q.finish()
+		}
+		applied <- names
+		<-gate
+		return nil
+	})
+	b.coalesce(time.Hour, 3)
+	defer func() { close(gate); close(stop); wg.Wait() }()
+	submit := func(id string) chan struct{} {
+		q := &triggerReq{ctx: t.Context(), run: &store.Run{ID: id}, done: make(chan struct{})}
+		go func() { _ = b.do(q, q.done) }()
+		return q.done
+	}
+	next := func() []string {
+		t.Helper()
+		select {
+		case got := <-applied:
+			return got
+		case <-time.After(10 * time.Second):
+			t.Fatal("no batch applied within 10s")
+			return nil
+		}
+	}
+	// A lone request goes at once, though the window is an hour.
+	submit("a")
+	if got := next(); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("first batch %v, want [a]", got)
+	}
+	// While a is being written, b and c queue: the next batch holds both.
+	bDone, cDone := submit("b"), submit("c")
+	testwait.Until(t, 10*time.Second, "b and c queued", func() bool { return len(b.lanes[0]) == 2 })
+	gate <- struct{}{}
+	if got := next(); len(got) != 2 {
+		t.Fatalf("second batch %v, want b and c", got)
+	}
+	<-bDone
+	<-cDone
+	gate <- struct{}{}
+	// Under load now: d waits for e and f rather than going alone.
+	submit("d")
+	testwait.Until(t, 10*time.Second, "d taken by the loop", func() bool { return len(b.lanes[0]) == 0 })
+	submit("e")
+	submit("f")
+	got := next()
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"d", "e", "f"}) {
+		t.Fatalf("batch after one of several %v, want [d e f] together", got)
+	}
+	gate <- struct{}{}
 }

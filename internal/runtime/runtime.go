@@ -150,9 +150,9 @@ func New(cfg Config) *Runtime {
 	r.reports = newBatcher(r.closed, &r.batchWG, reportKey, r.applyReports)
 	r.triggers = newBatcher(r.closed, &r.batchWG, nil, r.applyTriggers)
 	// Where a batch is a transaction of its own, reports under load wait
-	// to share one (see flushWindow). Triggers do not: their batches come
-	// from callers that send many at once, and sleep's lateness, which
-	// their writes compete with, could not tell the two apart.
+	// to share one (see flushWindow). Triggers do not: with them waiting
+	// too, Postgres sleep's lateness p99 was worse (median of eight pairs
+	// 91 against 68 ms).
 	if reportKey != nil {
 		r.reports.coalesce(flushWindow, flushSize)
 	}

@@ -61,8 +61,16 @@ func (e eventRow) inRow() bool { return e.task && e.seq <= taskRowEvents }
 
 // rowJSON appends e as a task row holds it: ",{…}" (see migration 0009).
 func (e eventRow) rowJSON(b []byte) []byte {
-	b = append(b, `,{"seq":`...)
+	b = append(b, rowJSONHead...)
 	b = strconv.AppendInt(b, e.seq, 10)
+	return e.rowJSONTail(b)
+}
+
+// rowJSONHead is what rowJSON writes before the event's number.
+const rowJSONHead = `,{"seq":`
+
+// rowJSONTail is what rowJSON writes after the event's number.
+func (e eventRow) rowJSONTail(b []byte) []byte {
 	b = append(b, `,"type":`...)
 	b = appendJSONString(b, e.typ)
 	if e.step != "" {
@@ -76,14 +84,6 @@ func (e eventRow) rowJSON(b []byte) []byte {
 	b = append(b, `,"at":`...)
 	b = strconv.AppendInt(b, e.at, 10)
 	return append(b, '}')
-}
-
-func appendJSONString(b []byte, s string) []byte {
-	if out, ok := appendPlainString(b, s); ok {
-		return out
-	}
-	q, _ := json.Marshal(s) // a string always encodes
-	return append(b, q...)
 }
 
 // eventRows are the rows of the events table c writes: each owner's
@@ -761,8 +761,8 @@ func (s *Store) cancelTasks(ctx context.Context, tx querier, c *changeset) error
 	// The event as rowJSON writes it, its number filled in by the UPDATE;
 	// the row takes it while it holds fewer than taskRowEvents, else it is
 	// written to the events table below.
-	head, tail, _ := strings.Cut(string(eventRow{seq: -1, typ: "cancelled", data: data, at: now}.rowJSON(nil)), "-1")
-	args := append([]any{now, now, taskRowEvents, head, tail}, ids...)
+	tail := string(eventRow{typ: "cancelled", data: data, at: now}.rowJSONTail(nil))
+	args := append([]any{now, now, taskRowEvents, rowJSONHead, tail}, ids...)
 	rows, err := tx.QueryContext(ctx, s.q(`UPDATE tasks SET status = 'cancelled', cancel_requested = TRUE, finished_at = ?, updated_at = ?, event_seq = event_seq + 1,
 			events = CASE WHEN event_seq < ? THEN events || CAST(? AS TEXT) || CAST(event_seq + 1 AS TEXT) || CAST(? AS TEXT) ELSE events END
 		WHERE `+cond+` AND status IN ('pending', 'leased') RETURNING id, event_seq`), args...)

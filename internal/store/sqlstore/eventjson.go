@@ -11,9 +11,8 @@ import (
 // Nearly every event carries a small map[string]any of strings, integers
 // and times (a job writes seven of them); encoding/json sorts such a map's
 // keys and reflects on every value, which was a tenth of Ferry's CPU in
-// the jobs workload. Those maps are written here directly; anything else
-// (a float, a nested value, a string needing escapes) goes to
-// encoding/json.
+// the jobs workload. Those maps are written here directly; any other
+// value (a float, a nested value) goes to encoding/json.
 func encodeData(v any) ([]byte, error) {
 	if m, ok := v.(map[string]any); ok && m != nil { // nil is null
 		if b, ok := appendMap(make([]byte, 0, 128), m); ok {
@@ -24,7 +23,7 @@ func encodeData(v any) ([]byte, error) {
 }
 
 // appendMap appends m as encoding/json would, or reports false when a
-// key or value is one it leaves to encoding/json.
+// value is of a kind it leaves to encoding/json.
 func appendMap(b []byte, m map[string]any) ([]byte, bool) {
 	var arr [8]string
 	keys := arr[:0]
@@ -37,18 +36,13 @@ func appendMap(b []byte, m map[string]any) ([]byte, bool) {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		var ok bool
-		if b, ok = appendPlainString(b, k); !ok {
-			return nil, false
-		}
+		b = appendJSONString(b, k)
 		b = append(b, ':')
 		switch x := m[k].(type) {
 		case nil:
 			b = append(b, "null"...)
 		case string:
-			if b, ok = appendPlainString(b, x); !ok {
-				return nil, false
-			}
+			b = appendJSONString(b, x)
 		case bool:
 			b = strconv.AppendBool(b, x)
 		case int:
@@ -69,6 +63,15 @@ func appendMap(b []byte, m map[string]any) ([]byte, bool) {
 		}
 	}
 	return append(b, '}'), true
+}
+
+// appendJSONString appends s as encoding/json writes it.
+func appendJSONString(b []byte, s string) []byte {
+	if out, ok := appendPlainString(b, s); ok {
+		return out
+	}
+	q, _ := json.Marshal(s) // a string always encodes
+	return append(b, q...)
 }
 
 // appendPlainString appends s quoted when encoding/json writes it

@@ -207,20 +207,32 @@ func (s *Store) ClaimTasks(ctx context.Context, req store.ClaimTasks) ([]*store.
 		return nil, err
 	}
 	s.claimFilled.Store(len(out) == req.Max)
-	// RETURNING yields rows in storage order; hand them out in claim order.
-	sort.SliceStable(out, func(i, j int) bool { return claimOrder(out[i], out[j]) })
 	return out, nil
 }
 
-// claimWalks are a claim's two index walks (see ClaimTasks), each taking
-// the filter's arguments after the time and before the limit.
-func claimWalks(filter string) [2]string {
-	return [2]string{
+// claimReads are a claim's two index walks (see ClaimTasks), each
+// locking (SKIP LOCKED, where the database has it) and reading whole up
+// to req.Max candidates.
+func (s *Store) claimReads(req store.ClaimTasks, filter string, fargs []any) []PipeQuery {
+	var qs []PipeQuery
+	for _, walk := range []string{
 		`status = 'pending' AND run_at <= ? AND ` + filter + ` AND ` + notDisabled + ` ORDER BY priority, run_at, created_at`,
 		// Leases that ran out: found through tasks_lease, which holds
 		// only leased tasks, then sorted (they are few).
 		`status = 'leased' AND lease_until <= ? AND ` + filter + ` AND ` + notDisabled + ` ORDER BY priority, run_at, created_at`,
+	} {
+		qs = append(qs, PipeQuery{SQL: s.q(`SELECT ` + taskCols + `, event_seq FROM tasks WHERE ` + walk + ` LIMIT ?` + s.d.SkipLocked), Args: append(append([]any{ts(req.Now)}, fargs...), req.Max)})
 	}
+	return qs
+}
+
+// addCands adds the candidates a claim read returned to cands.
+func addCands(cands *[]lockedTask, rows PipeRows) error {
+	found, err := scanLockedTasks(rows)
+	for _, lt := range found {
+		*cands = append(*cands, lt)
+	}
+	return err
 }
 
 // claimInTx claims in a write transaction: the walks read the candidates
@@ -229,19 +241,15 @@ func (s *Store) claimInTx(ctx context.Context, req store.ClaimTasks, filter stri
 	var out []*store.Task
 	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		var cands []lockedTask
-		for _, walk := range claimWalks(filter) {
-			args := append(append([]any{ts(req.Now)}, fargs...), req.Max)
-			rows, err := tx.QueryContext(ctx, s.q(`SELECT `+taskCols+`, event_seq FROM tasks WHERE `+walk+` LIMIT ?`+s.d.SkipLocked), args...)
+		for _, q := range s.claimReads(req, filter, fargs) {
+			rows, err := tx.QueryContext(ctx, q.SQL, q.Args...)
 			if err != nil {
 				return fmt.Errorf("claim tasks: %w", err)
 			}
-			found, err := scanLockedTasks(rows)
+			err = addCands(&cands, rows)
 			rows.Close()
 			if err != nil {
 				return fmt.Errorf("claim tasks: %w", err)
-			}
-			for _, lt := range found {
-				cands = append(cands, lt)
 			}
 		}
 		cs := &changeset{}
@@ -258,16 +266,10 @@ func (s *Store) claimInTx(ctx context.Context, req store.ClaimTasks, filter stri
 // transaction took six (begin, the walks, the update, the events, commit).
 func (s *Store) claimPipelined(ctx context.Context, req store.ClaimTasks, filter string, fargs []any, tok string, until time.Time) ([]*store.Task, error) {
 	var cands []lockedTask
-	var qs []PipeQuery
-	for _, walk := range claimWalks(filter) {
-		args := append(append([]any{ts(req.Now)}, fargs...), req.Max)
-		qs = append(qs, PipeQuery{SQL: s.q(`SELECT ` + taskCols + `, event_seq FROM tasks WHERE ` + walk + ` LIMIT ?` + s.d.SkipLocked), Args: args, Custom: true, Rows: func(r PipeRows) error {
-			found, err := scanLockedTasks(r)
-			for _, lt := range found {
-				cands = append(cands, lt)
-			}
-			return err
-		}})
+	qs := s.claimReads(req, filter, fargs)
+	for i := range qs {
+		qs[i].Custom = true
+		qs[i].Rows = func(r PipeRows) error { return addCands(&cands, r) }
 	}
 	var out []*store.Task
 	_, err := s.pipelined(ctx, nil, req.Now, qs, func(cs *changeset, _ map[string]*runTx) ([]PipeQuery, error) {

@@ -89,7 +89,7 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 	// it waits in turn.
 	readers := max(1, maxConns/4)
 	pool := func(n int) *sql.DB {
-		db := stdlib.OpenDB(*cfg)
+		db := stdlib.OpenDB(*cfg, stdlib.OptionAfterConnect(registerColumnCodecs))
 		db.SetMaxOpenConns(n)
 		db.SetMaxIdleConns(n)
 		db.SetConnMaxIdleTime(5 * time.Minute)

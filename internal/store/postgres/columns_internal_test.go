@@ -1,0 +1,159 @@
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"math"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/ferryhq/ferry/internal/store/postgres/pgtest"
+)
+
+// TestColumnArraysRoundTrip: columns the store writes as []any arrays,
+// encoded by columnCodec, reach Postgres as the values they hold: NULLs
+// where the elements are nil, empty strings and bytes as empty (not
+// NULL), the extremes of bigint, bytes that are not UTF-8; an empty
+// column is an empty array and a nil one is NULL.
+func TestColumnArraysRoundTrip(t *testing.T) {
+	ctx := t.Context()
+	conn := codecConn(t)
+	if _, ok := conn.TypeMap().TypeForOID(pgtype.TextArrayOID); !ok {
+		t.Fatal("text[] not registered")
+	}
+	if tt, _ := conn.TypeMap().TypeForOID(pgtype.TextArrayOID); reflect.TypeOf(tt.Codec) != reflect.TypeOf(&columnCodec{}) {
+		t.Fatalf("text[] codec is %T, want the column codec", tt.Codec)
+	}
+	texts := []any{"a", nil, "", `quote " and \ backslash`, "ünïcødé", strings.Repeat("x", 5000)}
+	ints := []any{int64(math.MinInt64), nil, 0, int64(math.MaxInt64), int32(-7), int(42)}
+	bytes := []any{[]byte{0xff, 0x00, 0x80}, nil, []byte{}, "as text", []byte("b"), nil}
+	bools := []any{true, nil, false, true, false, nil}
+	rows, err := conn.Query(ctx, `SELECT t, i, b, o FROM unnest(CAST($1 AS TEXT[]), CAST($2 AS BIGINT[]), CAST($3 AS BYTEA[]), CAST($4 AS BOOLEAN[])) AS v(t, i, b, o)`, texts, ints, bytes, bools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got [][4]any
+	for rows.Next() {
+		var tx sql.NullString
+		var i sql.NullInt64
+		var b []byte
+		var o sql.NullBool
+		if err := rows.Scan(&tx, &i, &b, &o); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, [4]any{tx, i, b, o})
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	want := [][4]any{
+		{sql.NullString{String: "a", Valid: true}, sql.NullInt64{Int64: math.MinInt64, Valid: true}, []byte{0xff, 0x00, 0x80}, sql.NullBool{Bool: true, Valid: true}},
+		{sql.NullString{}, sql.NullInt64{}, []byte(nil), sql.NullBool{}},
+		{sql.NullString{String: "", Valid: true}, sql.NullInt64{Int64: 0, Valid: true}, []byte{}, sql.NullBool{Bool: false, Valid: true}},
+		{sql.NullString{String: `quote " and \ backslash`, Valid: true}, sql.NullInt64{Int64: math.MaxInt64, Valid: true}, []byte("as text"), sql.NullBool{Bool: true, Valid: true}},
+		{sql.NullString{String: "ünïcødé", Valid: true}, sql.NullInt64{Int64: -7, Valid: true}, []byte("b"), sql.NullBool{Bool: false, Valid: true}},
+		{sql.NullString{String: strings.Repeat("x", 5000), Valid: true}, sql.NullInt64{Int64: 42, Valid: true}, []byte(nil), sql.NullBool{}},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("round trip:\n got %v\nwant %v", got, want)
+	}
+
+	var n sql.NullInt64
+	var isNull bool
+	if err := conn.QueryRow(ctx, `SELECT cardinality(CAST($1 AS TEXT[])), CAST($2 AS BIGINT[]) IS NULL`, []any{}, []any(nil)).Scan(&n, &isNull); err != nil {
+		t.Fatal(err)
+	}
+	if !n.Valid || n.Int64 != 0 || !isNull {
+		t.Fatalf("empty column has %v elements (want 0), nil column NULL = %v (want true)", n, isNull)
+	}
+}
+
+// TestColumnArraysOtherTypesFallBack: an element of a type the column
+// codec does not write makes it fail, and pgx then sends the column in
+// text format through its own codec, as it did before: the value still
+// arrives as what it says.
+func TestColumnArraysOtherTypesFallBack(t *testing.T) {
+	conn := codecConn(t)
+	if _, err := columnPlan(pgtype.Int8OID).Encode([]any{int64(1), "2"}, nil); err == nil || !strings.Contains(err.Error(), "string in a bigint column") {
+		t.Fatalf("encode error %v, want one naming the string", err)
+	}
+	var got []int64
+	if err := conn.QueryRow(t.Context(), `SELECT CAST($1 AS BIGINT[])`, []any{int64(1), "2"}).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, []int64{1, 2}) {
+		t.Fatalf("got %v, want [1 2]", got)
+	}
+}
+
+// codecConn is a connection with the column codecs registered, as the
+// store's connections have them.
+func codecConn(t *testing.T) *pgx.Conn {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(pgtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.ConnectConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	if err := registerColumnCodecs(t.Context(), conn); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+// BenchmarkColumnEncode: a report batch's task columns (8 rows) as pgx
+// encodes an []any array by itself and as the column codec does.
+func BenchmarkColumnEncode(b *testing.B) {
+	var cols [][]any
+	var oids []uint32
+	for j := 0; j < 24; j++ {
+		col := make([]any, 8)
+		oid := uint32(pgtype.TextArrayOID)
+		for i := range col {
+			switch j % 4 {
+			case 0:
+				col[i] = "01a21066-a3dd-745d-a9b5-753df258bd65"
+			case 1:
+				col[i], oid = int64(1795571491805086), pgtype.Int8ArrayOID
+			case 2:
+				col[i] = nil
+			case 3:
+				col[i], oid = i%2 == 0, pgtype.BoolArrayOID
+			}
+		}
+		cols, oids = append(cols, col), append(oids, oid)
+	}
+	for _, c := range []struct {
+		name  string
+		setup func(*pgtype.Map) error
+	}{
+		{"pgx", func(*pgtype.Map) error { return nil }},
+		{"column", registerColumns},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			m := pgtype.NewMap()
+			if err := c.setup(m); err != nil {
+				b.Fatal(err)
+			}
+			var buf []byte
+			b.ReportAllocs()
+			for b.Loop() {
+				buf = buf[:0]
+				for j, col := range cols {
+					var err error
+					if buf, err = m.Encode(oids[j], pgtype.BinaryFormatCode, col, buf); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}

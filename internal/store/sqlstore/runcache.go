@@ -176,9 +176,10 @@ func (c *runCache) take(s *Store, ctx context.Context, tx querier, id string, no
 func (e *cachedRun) runTx(s *Store, ctx context.Context, tx querier, now time.Time) *runTx {
 	run := e.run
 	rt := &runTx{s: s, ctx: ctx, tx: tx, run: &run, now: now, seq: e.seq, updatedAt: e.updatedAt, steps: make([]*store.StepRun, len(e.steps)), base: e}
-	for i := range e.steps {
-		st := e.steps[i]
-		rt.steps[i] = &st
+	// One allocation for the copies, not one per step.
+	copies := slices.Clone(e.steps)
+	for i := range copies {
+		rt.steps[i] = &copies[i]
 	}
 	return rt
 }

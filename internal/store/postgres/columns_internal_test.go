@@ -22,10 +22,11 @@ import (
 func TestColumnArraysRoundTrip(t *testing.T) {
 	ctx := t.Context()
 	conn := codecConn(t)
-	if _, ok := conn.TypeMap().TypeForOID(pgtype.TextArrayOID); !ok {
+	tt, ok := conn.TypeMap().TypeForOID(pgtype.TextArrayOID)
+	if !ok {
 		t.Fatal("text[] not registered")
 	}
-	if tt, _ := conn.TypeMap().TypeForOID(pgtype.TextArrayOID); reflect.TypeOf(tt.Codec) != reflect.TypeOf(&columnCodec{}) {
+	if _, ok := tt.Codec.(*columnCodec); !ok {
 		t.Fatalf("text[] codec is %T, want the column codec", tt.Codec)
 	}
 	texts := []any{"a", nil, "", `quote " and \ backslash`, "ünïcødé", strings.Repeat("x", 5000)}

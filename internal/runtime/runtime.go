@@ -674,7 +674,7 @@ func (r *Runtime) flush(ctx context.Context, tx store.RunTx, run *store.Run, ch 
 			return err
 		}
 		if ch.stopped {
-			if err := tx.CancelTasks(); err != nil {
+			if err := tx.CancelTasks(stepTasks(tx.Steps())...); err != nil {
 				return err
 			}
 		}
@@ -776,3 +776,24 @@ func (r *Runtime) DeliverWebhook(ctx context.Context, token string, payload []by
 }
 
 func jitter() float64 { return mrand.Float64() }
+
+// stepTasks is the ids of the tasks steps started. A step starts once, and
+// a task step's request names its task from then on (decide), whatever
+// the step's status: a step that timed out may have left its task leased.
+// So these are all of the run's tasks, and no index of tasks by run is
+// needed to find them.
+func stepTasks(steps []*store.StepRun) []string {
+	var ids []string
+	for _, s := range steps {
+		if s.Type != string(spec.StepTask) || len(s.Request) == 0 {
+			continue
+		}
+		var req struct {
+			TaskID string `json:"task_id"`
+		}
+		if json.Unmarshal(s.Request, &req) == nil && req.TaskID != "" {
+			ids = append(ids, req.TaskID)
+		}
+	}
+	return ids
+}

@@ -325,9 +325,12 @@ type RunTx interface {
 	// CreateTask inserts a task owned by one of the run's steps, with its
 	// "created" event.
 	CreateTask(t *Task) error
-	// CancelTasks cancels the run's unfinished tasks (workers see
-	// cancel_requested at their next heartbeat).
-	CancelTasks() error
+	// CancelTasks cancels those of the run's tasks with these ids that
+	// are unfinished (workers see cancel_requested at their next
+	// heartbeat). The caller names them, from its steps, because no index
+	// finds a run's tasks: one would take an entry at every task's insert
+	// and claim.
+	CancelTasks(ids ...string) error
 }
 
 // TaskTx is a transaction that holds one task's lock (and its run's).

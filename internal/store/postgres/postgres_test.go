@@ -510,7 +510,7 @@ func TestCreateRunsKeyRace(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		var n int
-		if err := s.ReadDB().QueryRowContext(ctx, `SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database() AND query LIKE '%INSERT INTO runs%'`).Scan(&n); err != nil {
+		if err := s.ReadDB().QueryRowContext(ctx, `SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database() AND application_name = current_setting('application_name') AND query LIKE '%INSERT INTO runs%'`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		if n > 0 {
@@ -593,7 +593,7 @@ func TestCreateRunsWaitsForWorkflowUpdate(t *testing.T) {
 	for {
 		var waiting int
 		if err := s.ReadDB().QueryRowContext(ctx, `SELECT COUNT(*) FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE '%FROM workflows%FOR SHARE%' AND datname = current_database()`).Scan(&waiting); err != nil {
+			WHERE wait_event_type = 'Lock' AND query LIKE '%FROM workflows%FOR SHARE%' AND datname = current_database() AND application_name = current_setting('application_name')`).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
 		if waiting > 0 {
@@ -668,12 +668,13 @@ func pipeStore(t *testing.T, n int, extra ...string) (*postgres.Store, []*store.
 	return s, runs, tasks, now
 }
 
-// openTransactions counts this database's sessions idle in a transaction,
+// openTransactions counts the store's sessions idle in a transaction (its
+// schema's, by application_name: tests beside it share the database),
 // seen from the reader pool (the writer connection may be the one).
 func openTransactions(t *testing.T, s *postgres.Store) int {
 	t.Helper()
 	var n int
-	if err := s.ReadDB().QueryRowContext(t.Context(), `SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
+	if err := s.ReadDB().QueryRowContext(t.Context(), `SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = current_setting('application_name') AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -926,7 +927,7 @@ func TestPipelineLockReadFailure(t *testing.T) {
 		t.Fatal("a batch committed while its task was locked elsewhere")
 	}
 	var open int
-	if err := holder.QueryRowContext(ctx, `SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%'`).Scan(&open); err != nil {
+	if err := holder.QueryRowContext(ctx, `SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = current_setting('application_name') AND state LIKE 'idle in transaction%'`).Scan(&open); err != nil {
 		t.Fatal(err)
 	}
 	if open != 0 { // the holder itself is active while it asks

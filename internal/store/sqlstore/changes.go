@@ -30,8 +30,8 @@ type changeset struct {
 	newTasks  []*store.Task
 	events    []eventRow
 	queue     []store.QueueItem
-	dropQueue []string // run ids
-	cancel    []*runTx // runs whose unfinished tasks are cancelled
+	dropQueue []string      // run ids
+	cancel    []cancelTasks // runs' tasks cancelled if unfinished
 	note      note
 	// the version cache's entries once this commits (Postgres)
 	cacheIDs  []string
@@ -200,11 +200,7 @@ func (c *changeset) merge(o *changeset) {
 	c.events = append(c.events, o.events...)
 	c.queue = append(c.queue, o.queue...)
 	c.dropQueue = append(c.dropQueue, o.dropQueue...)
-	for _, r := range o.cancel {
-		if !slices.Contains(c.cancel, r) {
-			c.cancel = append(c.cancel, r)
-		}
-	}
+	c.cancel = append(c.cancel, o.cancel...)
 	c.note.merge(o.note)
 }
 
@@ -748,24 +744,35 @@ func timePtrEqual(a, b *time.Time) bool {
 	return a.Equal(*b)
 }
 
-// cancelTasks cancels the unfinished tasks of the finished runs in c and
-// adds their events.
+// cancelTasks is a run's tasks to cancel if unfinished (RunTx.CancelTasks).
+type cancelTasks struct {
+	run *runTx
+	ids []string
+}
+
+// cancelTasks cancels the unfinished tasks named in c.cancel and adds
+// their events. Each is found by its id; its run_id must be the run that
+// named it.
 func (s *Store) cancelTasks(ctx context.Context, tx querier, c *changeset) error {
-	var ids []any
-	for _, r := range c.cancel {
-		ids = append(ids, r.run.ID)
+	var ids, runs []any
+	for _, ct := range c.cancel {
+		runs = append(runs, ct.run.run.ID)
+		for _, id := range ct.ids {
+			ids = append(ids, id)
+		}
 	}
-	cond, ids := s.inList("run_id", ids)
-	now := ts(c.cancel[0].now)
+	cond, ids := s.inList("id", ids)
+	runCond, runs := s.inList("run_id", runs)
+	now := ts(c.cancel[0].run.now)
 	data := mustJSON(map[string]any{"reason": "run cancelled"})
 	// The event as rowJSON writes it, its number filled in by the UPDATE;
 	// the row takes it while it holds fewer than taskRowEvents, else it is
 	// written to the events table below.
 	tail := string(eventRow{typ: "cancelled", data: data, at: now}.rowJSONTail(nil))
-	args := append([]any{now, now, taskRowEvents, rowJSONHead, tail}, ids...)
+	args := append(append([]any{now, now, taskRowEvents, rowJSONHead, tail}, ids...), runs...)
 	rows, err := tx.QueryContext(ctx, s.q(`UPDATE tasks SET status = 'cancelled', cancel_requested = TRUE, finished_at = ?, updated_at = ?, event_seq = event_seq + 1,
 			events = CASE WHEN event_seq < ? THEN events || CAST(? AS TEXT) || CAST(event_seq + 1 AS TEXT) || CAST(? AS TEXT) ELSE events END
-		WHERE `+cond+` AND status IN ('pending', 'leased') RETURNING id, event_seq`), args...)
+		WHERE `+cond+` AND `+runCond+` AND status IN ('pending', 'leased') RETURNING id, event_seq`), args...)
 	if err != nil {
 		return fmt.Errorf("cancel tasks: %w", err)
 	}
@@ -788,7 +795,7 @@ func (s *Store) cancelTasks(ctx context.Context, tx querier, c *changeset) error
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	c.unlease(cancelled, c.cancel[0].now)
+	c.unlease(cancelled, c.cancel[0].run.now)
 	return nil
 }
 

@@ -612,10 +612,12 @@ func (t *runTx) CreateTask(k *store.Task) error {
 	return nil
 }
 
-// CancelTasks cancels the run's unfinished tasks when the changeset is
-// written.
-func (t *runTx) CancelTasks() error {
-	t.cs.cancel = append(t.cs.cancel, t)
+// CancelTasks cancels those of the run's tasks named by ids that are
+// unfinished when the changeset is written.
+func (t *runTx) CancelTasks(ids ...string) error {
+	if len(ids) > 0 {
+		t.cs.cancel = append(t.cs.cancel, cancelTasks{run: t, ids: ids})
+	}
 	return nil
 }
 

@@ -1014,7 +1014,10 @@ func testCancelTasks(t *testing.T, s store.Store) {
 	soloBefore := getTask(t, s, solo.ID)
 
 	now := at(time.Minute)
-	inRun(t, s, r1.ID, now, func(tx store.RunTx) error { return tx.CancelTasks() })
+	// Named with r1's tasks, a task of another run and a standalone one
+	// are left alone: a run cancels only its own.
+	named := []string{pending.ID, leased.ID, done.ID, otherRun.ID, solo.ID}
+	inRun(t, s, r1.ID, now, func(tx store.RunTx) error { return tx.CancelTasks(named...) })
 
 	for _, id := range []string{pending.ID, leased.ID} {
 		k := getTask(t, s, id)
@@ -1047,7 +1050,7 @@ func testCancelTasks(t *testing.T, s store.Store) {
 	diff(t, "claimable after CancelTasks", []string{"r2.pending.v1", "solo.pending.v1"}, taskTypes(got))
 
 	// A second CancelTasks finds nothing more to cancel.
-	inRun(t, s, r1.ID, at(2*time.Minute), func(tx store.RunTx) error { return tx.CancelTasks() })
+	inRun(t, s, r1.ID, at(2*time.Minute), func(tx store.RunTx) error { return tx.CancelTasks(named...) })
 	diff(t, "pending task events after a second CancelTasks", []string{"created", "cancelled"}, eventTypes(events(t, s, pending.ID)))
 }
 
@@ -1170,7 +1173,7 @@ func testCreatedLeasedThenCancelled(t *testing.T, s store.Store) {
 		if err := tx.CreateTask(gone); err != nil {
 			return err
 		}
-		return tx.CancelTasks()
+		return tx.CancelTasks(gone.ID)
 	})
 	inRun(t, s, r2.ID, t0, func(tx store.RunTx) error { return tx.CreateTask(kept) })
 	mu.Lock()
@@ -1252,7 +1255,7 @@ func testCancelTasksPastRow(t *testing.T, s store.Store) {
 		heartbeats(t, s, ks[i].ID, t0, n)
 	}
 	now := at(time.Minute)
-	inRun(t, s, r.ID, now, func(tx store.RunTx) error { return tx.CancelTasks() })
+	inRun(t, s, r.ID, now, func(tx store.RunTx) error { return tx.CancelTasks(ks[0].ID, ks[1].ID, ks[2].ID) })
 	for i, n := range []int{6, 7, 12} {
 		evs := events(t, s, ks[i].ID)
 		diff(t, ks[i].Type+" seqs", seqRange(1, int64(n)+2), seqs(evs))

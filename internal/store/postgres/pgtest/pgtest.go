@@ -100,10 +100,13 @@ func dropSchema(t testing.TB, base, ident string) {
 }
 
 // withSearchPath adds search_path=schema to a URL or keyword/value DSN; pgx
-// sends unknown URL parameters to the server as run-time parameters.
+// sends unknown URL parameters to the server as run-time parameters. The
+// schema is the sessions' application_name too, so that a test can tell
+// its own sessions in pg_stat_activity from those of tests running beside
+// it in the same database.
 func withSearchPath(dsn, schema string) (string, error) {
 	if !strings.Contains(dsn, "://") {
-		return dsn + " search_path=" + schema, nil
+		return dsn + " search_path=" + schema + " application_name=" + schema, nil
 	}
 	u, err := url.Parse(dsn)
 	if err != nil {
@@ -111,6 +114,7 @@ func withSearchPath(dsn, schema string) (string, error) {
 	}
 	q := u.Query()
 	q.Set("search_path", schema)
+	q.Set("application_name", schema)
 	u.RawQuery = q.Encode()
 	return u.String(), nil
 }

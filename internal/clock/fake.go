@@ -74,6 +74,20 @@ func (f *Fake) HasTimer(at time.Time) bool {
 	return false
 }
 
+// HasTimerBy says whether a timer is set to fire at or before at (see
+// HasTimer), for a test that knows by when the code under test must wake
+// but not the exact time it plans for.
+func (f *Fake) HasTimerBy(at time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, t := range f.timers {
+		if !t.at.After(at) {
+			return true
+		}
+	}
+	return false
+}
+
 type fakeTimer struct {
 	f  *Fake
 	at time.Time

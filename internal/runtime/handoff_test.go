@@ -11,6 +11,7 @@ import (
 	"github.com/ferryhq/ferry/internal/runtime"
 	"github.com/ferryhq/ferry/internal/status"
 	"github.com/ferryhq/ferry/internal/store"
+	"github.com/ferryhq/ferry/internal/testwait"
 )
 
 // claimResult is what a claim started in the background returned.
@@ -105,6 +106,8 @@ func TestHandoffToWaitingClaim(t *testing.T) {
 		_, err := e.rt.CompleteTask(ctx, got.ts[0].ID, got.ts[0].LeaseToken, json.RawMessage(`{}`))
 		must(t, err, "CompleteTask a")
 		done = e.waitingClaim(t, ctx, 7*time.Second, "hand.%")
+		wake := e.clk.Now().Add(time.Second)
+		testwait.Until(t, 10*time.Second, "the timer loop waiting for the wake-up", func() bool { return e.clk.HasTimerBy(wake) })
 		e.clk.Advance(time.Second)
 		got = recvClaim(t, done)
 		if got.err != nil || len(got.ts) != 1 {
@@ -156,6 +159,10 @@ func TestHandoffNotWhatTheCommitCancels(t *testing.T) {
 			"b": {"needs": ["nap"], "task": {"type": "exp.b.v1"}}}}`)
 		r := e.trigger(t, "expiring", `{}`)
 		done := e.waitingClaim(t, ctx, 7*time.Second, "exp.%")
+		// The timer loop must be asleep until the wake-up (the only timer
+		// due that early) before the clock moves, or it would set that
+		// timer after the move, from the new now, and sleep past both.
+		testwait.Until(t, 10*time.Second, "the timer loop waiting for the wake-up", func() bool { return e.clk.HasTimerBy(t0.Add(2 * time.Second)) })
 		e.clk.Advance(3 * time.Second) // the wake-up and the expiry are both due
 		deadline := time.Now().Add(10 * time.Second)
 		for {

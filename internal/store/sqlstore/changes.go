@@ -46,7 +46,7 @@ type eventRow struct {
 	step  string
 	data  any // encoded JSON (a string) or nil
 	at    int64
-	task  bool // owner is a task: the event may go in its row (inRow)
+	task  bool // owner is a task, else a run (inRow)
 }
 
 // taskRowEvents is how many of a task's events its own row holds (see
@@ -56,10 +56,23 @@ type eventRow struct {
 // update rewrites.
 const taskRowEvents = 8
 
-// inRow says whether e is written into its task's row.
-func (e eventRow) inRow() bool { return e.task && e.seq <= taskRowEvents }
+// runRowEvents is how many of a run's events its own row holds (see
+// migration 0014): a one-step run's whole life (started, step started,
+// step succeeded, completed), a sleep and its next step, the first
+// three steps of a chain. Later events go to the events table, so a long
+// run does not grow the row every one of its updates rewrites.
+const runRowEvents = 8
 
-// rowJSON appends e as a task row holds it: ",{…}" (see migration 0009).
+// inRow says whether e is written into its owner's row.
+func (e eventRow) inRow() bool {
+	if e.task {
+		return e.seq <= taskRowEvents
+	}
+	return e.seq <= runRowEvents
+}
+
+// rowJSON appends e as a task's or run's row holds it: ",{…}" (see
+// migrations 0009 and 0014).
 func (e eventRow) rowJSON(b []byte) []byte {
 	b = append(b, rowJSONHead...)
 	b = strconv.AppendInt(b, e.seq, 10)
@@ -87,7 +100,7 @@ func (e eventRow) rowJSONTail(b []byte) []byte {
 }
 
 // eventRows are the rows of the events table c writes: each owner's
-// events (those not in a task's row) packed into rows of up to packEvents,
+// events (those not in its row) packed into rows of up to packEvents,
 // the last in the row's columns and the ones before it in earlier (see
 // migration 0010). Rows were a large part of a step's cost on Postgres,
 // each an index entry and a heap tuple; the events of one transaction
@@ -135,8 +148,8 @@ const (
 	packBytes  = 4096
 )
 
-// rowEvents is what each task's row gains from c: its events that go in
-// the row, in order, as rowJSON.
+// rowEvents is what each task's and run's row gains from c, by id: its
+// events that go in the row, in order, as rowJSON.
 func (c *changeset) rowEvents() map[string]string {
 	var m map[string][]byte
 	for _, e := range c.events {
@@ -610,8 +623,8 @@ var (
 	stepTypes = []string{cText, cText, cText, cInt, cText, cInt, cInt, cText, cBytes, cText, cBool, cBool, cText, cInt, cInt, cInt}
 	taskSet   = []string{"status", "run_at", "attempt", "leased_by", "lease_token", "lease_until", "reclaimed", "cancel_requested", "last_error", "result", "updated_at", "finished_at", "event_seq", "+events"}
 	taskTypes = []string{cText, cText, cInt, cInt, cText, cText, cInt, cBool, cBool, cText, cText, cInt, cInt, cInt, cText}
-	runSet    = []string{"status", "error", "finished_at", "updated_at", "event_seq"}
-	runTypes  = []string{cText, cText, cText, cInt, cInt, cInt}
+	runSet    = []string{"status", "error", "finished_at", "updated_at", "event_seq", "+events"}
+	runTypes  = []string{cText, cText, cText, cInt, cInt, cInt, cText}
 
 	// SQLite maintains every index on a column an UPDATE sets, whether or
 	// not its value changes: a run whose status, error and finish are as
@@ -622,7 +635,7 @@ var (
 	runSetSeq   = runSet[3:]
 	runTypesSeq = append([]string{cText}, runTypes[4:]...)
 
-	runInsertTypes  = []string{cText, cText, cInt, cText, cText, cText, cText, cText, cInt, cInt, cInt, cInt, cInt}
+	runInsertTypes  = []string{cText, cText, cInt, cText, cText, cText, cText, cText, cInt, cInt, cInt, cInt, cInt, cText}
 	stepInsertTypes = append([]string{cText, cText, cInt, cText}, stepTypes[2:]...)
 	taskInsertTypes = []string{cText, cText, cText, cText, cInt, cInt, cText, cInt, cInt, cInt, cText, cText, cInt, cBool, cBool, cText, cText, cText, cText, cInt, cInt, cInt, cInt, cText}
 	queueTypes      = []string{cText, cText, cText, cInt, cInt}
@@ -662,7 +675,11 @@ func (s *Store) flushParts(c *changeset) ([]part, func() []part) {
 	var parts []part
 	rowEvents := c.rowEvents()
 	if len(c.newRuns) > 0 {
-		parts = append(parts, s.insertParts("runs", "id, workflow_id, version, status, input, trigger_headers, idempotency_key, error, event_seq, expires_at, started_at, finished_at, updated_at", runInsertTypes, c.newRuns)...)
+		rows := make([][]any, 0, len(c.newRuns))
+		for _, r := range c.newRuns {
+			rows = append(rows, append(r, rowEvents[r[0].(string)]))
+		}
+		parts = append(parts, s.insertParts("runs", "id, workflow_id, version, status, input, trigger_headers, idempotency_key, error, event_seq, expires_at, started_at, finished_at, updated_at, events", runInsertTypes, rows)...)
 	}
 	if len(c.newSteps) > 0 {
 		rows := make([][]any, 0, len(c.newSteps))
@@ -697,9 +714,9 @@ func (s *Store) flushParts(c *changeset) ([]part, func() []part) {
 		var rows, seqOnly [][]any
 		for _, r := range c.runs {
 			if s.cache != nil && r.base != nil && r.base.run.Status == r.run.Status && r.base.run.Error == r.run.Error && timePtrEqual(r.base.run.FinishedAt, r.run.FinishedAt) {
-				seqOnly = append(seqOnly, []any{r.run.ID, ts(r.updatedAt), r.seq})
+				seqOnly = append(seqOnly, []any{r.run.ID, ts(r.updatedAt), r.seq, rowEvents[r.run.ID]})
 			} else {
-				rows = append(rows, []any{r.run.ID, r.run.Status, r.run.Error, tsPtr(r.run.FinishedAt), ts(r.updatedAt), r.seq})
+				rows = append(rows, []any{r.run.ID, r.run.Status, r.run.Error, tsPtr(r.run.FinishedAt), ts(r.updatedAt), r.seq, rowEvents[r.run.ID]})
 			}
 		}
 		parts = append(parts, s.updateParts("runs", "", []string{"id"}, runSet, runTypes, rows)...)

@@ -494,8 +494,9 @@ func (s *Store) ListRuns(ctx context.Context, workflowID string, p store.Page) (
 }
 
 // ListEvents returns a run's or task's events after a sequence number.
-// A task's first events are in its row (see taskRowEvents), the rest and
-// those written before migration 0009 in the events table, where a row
+// A task's and a run's first events are in its row (see taskRowEvents and
+// runRowEvents), the rest and those written before migrations 0009 and
+// 0014 in the events table, where a row
 // may pack several (see eventRows) and is numbered by its last: one
 // statement reads both, so the page is a prefix of the log as of one
 // moment. The LIMIT counts rows, each of one event or more, so it never
@@ -505,7 +506,8 @@ func (s *Store) ListEvents(ctx context.Context, owner string, afterSeq int64, li
 		lim = 1000
 	}
 	rows, err := s.r.QueryContext(ctx, s.q(`SELECT seq, type, step, data, at, earlier FROM (SELECT seq, type, step, data, at, earlier FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?) e
-		UNION ALL SELECT 0, '', '', NULL, 0, events FROM tasks WHERE id = ? AND events <> ''`), owner, afterSeq, lim, owner)
+		UNION ALL SELECT 0, '', '', NULL, 0, events FROM tasks WHERE id = ? AND events <> ''
+		UNION ALL SELECT 0, '', '', NULL, 0, events FROM runs WHERE id = ? AND events <> ''`), owner, afterSeq, lim, owner, owner)
 	if err != nil {
 		return nil, err
 	}
@@ -525,7 +527,7 @@ func (s *Store) ListEvents(ctx context.Context, owner string, afterSeq int64, li
 			}
 			out = append(out, evs...)
 		}
-		if e.Seq == 0 { // a task's row: its events are all packed
+		if e.Seq == 0 { // a task's or run's row: its events are all packed
 			continue
 		}
 		if data.Valid {

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,6 +23,8 @@ var runTests = []test{
 	{"GetUnknownIsNotFound", testGetRunUnknown},
 	{"ListEventsAfterSeqAndLimit", testListEventsPaging},
 	{"ListEventsOfLargeTransactionsEveryPage", testListEventsLargeTx},
+	{"RunEventsFirstInTheRunRow", testRunEventsInRow},
+	{"RunEventsWrittenBeforeTheRowHeldThem", testRunEventsLegacy},
 	{"StepByToken", testStepByToken},
 	{"CallbackTokenUnique", testCallbackTokenUnique},
 	{"CountRunsByStatus", testCountRuns},
@@ -572,6 +575,81 @@ func testListEventsLargeTx(t *testing.T, s store.Store) {
 			if g := seqs(got); !slices.Equal(g, w) {
 				t.Fatalf("page after %d, limit %d = %v, want %v", after, lim, g, w)
 			}
+		}
+	}
+}
+
+// testRunEventsInRow: a run's first eight events are kept in its own row
+// and only the later ones in the events table (migration 14), whichever
+// transaction wrote them; the log reads the same either way (the paging
+// tests above).
+func testRunEventsInRow(t *testing.T, s store.Store) {
+	raw, ok := s.(interface{ DB() *sql.DB })
+	if !ok {
+		t.Skip("the store exposes no database handle")
+	}
+	wf := mkWorkflow(t, s, "wf")
+	r := mkRun(t, s, &store.NewRun{Run: baseRun(wf, ""), Events: []store.NewEvent{{Type: "run_started"}, {Type: "step_started", Step: "a"}}})
+	for i, n := range []int{2, 5, 4} { // seqs 3–4, 5–9 (across the row's end), 10–13
+		evs := make([]store.NewEvent, n)
+		for j := range evs {
+			evs[j] = store.NewEvent{Type: fmt.Sprintf("t%d.e%d", i, j)}
+		}
+		inRun(t, s, r.ID, at(time.Duration(i+1)*time.Second), func(tx store.RunTx) error { return tx.Append(evs...) })
+	}
+	diff(t, "seqs", seqRange(1, 13), seqs(events(t, s, r.ID)))
+	ctx := t.Context()
+	var inRow string
+	must(t, raw.DB().QueryRowContext(ctx, fmt.Sprintf(`SELECT events FROM runs WHERE id = '%s'`, r.ID)).Scan(&inRow), "read the run's row")
+	diff(t, "events in the run's row", 8, strings.Count(inRow, `{"seq":`))
+	var minSeq, rows int64
+	must(t, raw.DB().QueryRowContext(ctx, fmt.Sprintf(`SELECT COALESCE(MIN(seq), 0), COUNT(*) FROM events WHERE run_id = '%s'`, r.ID)).Scan(&minSeq, &rows), "read the events table")
+	if rows == 0 || minSeq <= 8 {
+		t.Errorf("events table rows of the run: %d, the first numbered %d; want some, all past 8", rows, minSeq)
+	}
+}
+
+// testRunEventsLegacy: a run whose events were all written to the events
+// table (before migration 14) gains new ones in its row while they are
+// among its first eight, and its log reads whole and in order, by page.
+func testRunEventsLegacy(t *testing.T, s store.Store) {
+	raw, ok := s.(interface{ DB() *sql.DB })
+	if !ok {
+		t.Skip("the store exposes no database handle")
+	}
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	r := mkRun(t, s, &store.NewRun{Run: baseRun(wf, ""), Events: []store.NewEvent{{Type: "run_started", Data: map[string]any{"n": 1}}, {Type: "step_started", Step: "a"}}})
+	before := events(t, s, r.ID)
+	if len(before) != 2 {
+		t.Fatalf("events of a new run = %d, want 2", len(before))
+	}
+	qs := []string{fmt.Sprintf(`UPDATE runs SET events = '' WHERE id = '%s'`, r.ID)}
+	for _, e := range before {
+		data := "NULL"
+		if e.Data != nil {
+			data = "'" + string(e.Data) + "'"
+		}
+		qs = append(qs, fmt.Sprintf(`INSERT INTO events (run_id, seq, type, step, data, at) VALUES ('%s', %d, '%s', '%s', %s, %d)`, r.ID, e.Seq, e.Type, e.Step, data, e.At.UnixMicro()))
+	}
+	for _, q := range qs {
+		if _, err := raw.DB().ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	diff(t, "the legacy log", before, events(t, s, r.ID))
+	for i := range 3 { // seqs 3–5 and 6–8 in the row, 9–11 past it
+		evs := []store.NewEvent{{Type: "a"}, {Type: "b", Step: "s"}, {Type: "c", Data: map[string]any{"i": i}}}
+		inRun(t, s, r.ID, at(time.Duration(i+1)*time.Second), func(tx store.RunTx) error { return tx.Append(evs...) })
+	}
+	all := events(t, s, r.ID)
+	diff(t, "seqs", seqRange(1, 11), seqs(all))
+	diff(t, "types", []string{"run_started", "step_started", "a", "b", "c", "a", "b", "c", "a", "b", "c"}, eventTypes(all))
+	for after := 0; after <= len(all); after++ {
+		for _, lim := range []int{1, 2, 3, 7} {
+			got, err := s.ListEvents(ctx, r.ID, int64(after), lim)
+			must(t, err, "ListEvents")
+			diff(t, fmt.Sprintf("page after %d, limit %d", after, lim), seqs(all[after:min(after+lim, len(all))]), seqs(got))
 		}
 	}
 }

@@ -151,20 +151,39 @@ const (
 // rowEvents is what each task's and run's row gains from c, by id: its
 // events that go in the row, in order, as rowJSON.
 func (c *changeset) rowEvents() map[string]string {
-	var m map[string][]byte
+	// An owner's events are nearly always next to each other in c.events
+	// (one request writes them together), so each run of them is encoded
+	// into one buffer and looked up in the map once, and the map is sized
+	// for the most owners there can be: growing it and assigning to it per
+	// event were half of this function's time in the jobs benchmark.
+	n := 0
+	for _, e := range c.events {
+		if e.inRow() {
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	out := make(map[string]string, n)
+	var b []byte
+	owner := ""
+	flush := func() {
+		if len(b) > 0 {
+			out[owner] += string(b)
+		}
+	}
 	for _, e := range c.events {
 		if !e.inRow() {
 			continue
 		}
-		if m == nil {
-			m = map[string][]byte{}
+		if e.owner != owner {
+			flush()
+			owner, b = e.owner, b[:0]
 		}
-		m[e.owner] = e.rowJSON(m[e.owner])
+		b = e.rowJSON(b)
 	}
-	out := make(map[string]string, len(m))
-	for id, b := range m {
-		out[id] = string(b)
-	}
+	flush()
 	return out
 }
 

@@ -2,6 +2,9 @@ package sqlstore
 
 import (
 	"encoding/json"
+	"fmt"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,5 +69,33 @@ func TestEncodeDataMatchesEncodingJSON(t *testing.T) {
 		if _, ok := appendMap(nil, m); !ok {
 			t.Errorf("%v went to encoding/json", m)
 		}
+	}
+}
+
+// TestRowEventsByOwner: what each row gains is its owner's in-row events
+// in order, however the owners' events interleave in the changeset, and
+// nothing for events past the row's share.
+func TestRowEventsByOwner(t *testing.T) {
+	ev := func(owner string, seq int64, task bool) eventRow {
+		return eventRow{owner: owner, seq: seq, typ: fmt.Sprintf("%s.%d", owner, seq), at: seq, task: task}
+	}
+	c := &changeset{events: []eventRow{
+		ev("run", 1, false), ev("run", 2, false), ev("task", 1, true), ev("run", 3, false),
+		ev("task", 2, true), ev("task", 9, true), ev("run", 9, false), ev("other", 4, false),
+	}}
+	want := map[string]string{}
+	for _, e := range c.events {
+		if e.inRow() {
+			want[e.owner] = string(e.rowJSON([]byte(want[e.owner])))
+		}
+	}
+	if got := c.rowEvents(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("rowEvents = %q, want %q", got, want)
+	}
+	if len(want) != 3 || !strings.Contains(want["run"], `"run.3"`) || strings.Contains(want["run"], `"run.9"`) {
+		t.Fatalf("the expectation itself is off: %q", want)
+	}
+	if got := (&changeset{events: []eventRow{ev("task", 9, true)}}).rowEvents(); len(got) != 0 {
+		t.Fatalf("rowEvents of events past the row = %q, want none", got)
 	}
 }

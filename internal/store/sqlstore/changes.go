@@ -786,34 +786,65 @@ type cancelTasks struct {
 	ids []string
 }
 
+// cancelChunk is the most tasks one cancelling statement names on SQLite
+// (two variables each): a timer transaction can stop a thousand runs of
+// many task steps each, and SQLite takes at most 32,766 variables a
+// statement. Postgres takes the ids and runs as two arrays.
+const cancelChunk = 4096
+
 // cancelTasks cancels the unfinished tasks named in c.cancel and adds
-// their events. Each is found by its id; its run_id must be the run that
-// named it.
+// their events. A task is found by its id and cancelled only if its
+// run_id is the run that named it.
 func (s *Store) cancelTasks(ctx context.Context, tx querier, c *changeset) error {
-	var ids, runs []any
+	var ids, runs []any // a task's id and the run that named it
+	var cancelled map[string]bool
 	for _, ct := range c.cancel {
-		runs = append(runs, ct.run.run.ID)
 		for _, id := range ct.ids {
-			ids = append(ids, id)
+			ids, runs = append(ids, id), append(runs, ct.run.run.ID)
 		}
 	}
-	cond, ids := s.inList("id", ids)
-	runCond, runs := s.inList("run_id", runs)
+	for len(ids) > 0 {
+		n := len(ids)
+		if !s.postgres() {
+			n = chunk(n, cancelChunk)
+		}
+		if err := s.cancelTaskIDs(ctx, tx, c, ids[:n], runs[:n], &cancelled); err != nil {
+			return err
+		}
+		ids, runs = ids[n:], runs[n:]
+	}
+	c.unlease(cancelled, c.cancel[0].run.now)
+	return nil
+}
+
+// cancelTaskIDs cancels the tasks with ids[i] of run runs[i] that are
+// unfinished, adds their events to c and their ids to *cancelled.
+func (s *Store) cancelTaskIDs(ctx context.Context, tx querier, c *changeset, ids, runs []any, cancelled *map[string]bool) error {
 	now := ts(c.cancel[0].run.now)
 	data := mustJSON(map[string]any{"reason": "run cancelled"})
 	// The event as rowJSON writes it, its number filled in by the UPDATE;
 	// the row takes it while it holds fewer than taskRowEvents, else it is
 	// written to the events table below.
 	tail := string(eventRow{typ: "cancelled", data: data, at: now}.rowJSONTail(nil))
-	args := append(append([]any{now, now, taskRowEvents, rowJSONHead, tail}, ids...), runs...)
+	args := []any{now, now, taskRowEvents, rowJSONHead, tail}
+	var from, match string
+	if s.postgres() {
+		from, match = `unnest(CAST(? AS TEXT[]), CAST(? AS TEXT[])) AS v(id, run_id)`, `tasks.id = v.id AND tasks.run_id = v.run_id`
+		args = append(args, ids, runs)
+	} else {
+		// chunk made len(ids) a power of two: few statement texts.
+		from, match = `(VALUES `+strings.TrimSuffix(strings.Repeat("(?, ?), ", len(ids)), ", ")+`) AS v`, `tasks.id = v.column1 AND tasks.run_id = v.column2`
+		for i := range ids {
+			args = append(args, ids[i], runs[i])
+		}
+	}
 	rows, err := tx.QueryContext(ctx, s.q(`UPDATE tasks SET status = 'cancelled', cancel_requested = TRUE, finished_at = ?, updated_at = ?, event_seq = event_seq + 1,
 			events = CASE WHEN event_seq < ? THEN events || CAST(? AS TEXT) || CAST(event_seq + 1 AS TEXT) || CAST(? AS TEXT) ELSE events END
-		WHERE `+cond+` AND `+runCond+` AND status IN ('pending', 'leased') RETURNING id, event_seq`), args...)
+		FROM `+from+` WHERE `+match+` AND tasks.status IN ('pending', 'leased') RETURNING tasks.id, tasks.event_seq`), args...)
 	if err != nil {
 		return fmt.Errorf("cancel tasks: %w", err)
 	}
 	defer rows.Close()
-	var cancelled map[string]bool
 	for rows.Next() {
 		var id string
 		var seq int64
@@ -823,16 +854,12 @@ func (s *Store) cancelTasks(ctx context.Context, tx querier, c *changeset) error
 		// task: true, so the events table takes it only past the row's
 		// share (inRow), as every task event.
 		c.events = append(c.events, eventRow{owner: id, seq: seq, typ: "cancelled", data: data, at: now, task: true})
-		if cancelled == nil {
-			cancelled = map[string]bool{}
+		if *cancelled == nil {
+			*cancelled = map[string]bool{}
 		}
-		cancelled[id] = true
+		(*cancelled)[id] = true
 	}
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	c.unlease(cancelled, c.cancel[0].run.now)
-	return nil
+	return rows.Err()
 }
 
 // unlease takes the tasks this changeset created leased and then cancelled

@@ -42,6 +42,7 @@ var taskTests = []test{
 	{"CancelTasksPastTheRow", testCancelTasksPastRow},
 	{"TaskEventsWrittenBeforeTheRowHeldThem", testTaskEventsLegacy},
 	{"CancelTasksOnlyThatRun", testCancelTasks},
+	{"CancelTasksManyIDs", testCancelTasksManyIDs},
 	{"CreatedLeasedThenCancelledNotReported", testCreatedLeasedThenCancelled},
 	{"TaskTypes", testTaskTypes},
 }
@@ -1317,4 +1318,51 @@ func testTaskClaimTies(t *testing.T, s store.Store) {
 	diff(t, "first claim", ids[:2], taskIDs(claimTasks(t, s, []string{"tie.%"}, "w", t0, time.Second, 2)))
 	got := claimTasks(t, s, []string{"tie.%"}, "w", at(time.Minute), time.Minute, 4)
 	diff(t, "claimed ids", ids[:4], taskIDs(got))
+}
+
+// testCancelTasksManyIDs: runs that name more task ids together than a
+// statement can bind on SQLite (a timer transaction stopping a thousand
+// runs of many task steps) have their tasks cancelled all the same, each
+// run only its own.
+func testCancelTasksManyIDs(t *testing.T, s store.Store) {
+	wf := mkWorkflow(t, s, "wf")
+	r1, r2 := mkSimpleRun(t, s, wf), mkSimpleRun(t, s, wf)
+	mk := func(runID string) *store.Task {
+		t.Helper()
+		k := &store.Task{Type: "many.x.v1", Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: t0, Step: "a"}
+		inRun(t, s, runID, t0, func(tx store.RunTx) error { return tx.CreateTask(k) })
+		return k
+	}
+	k1, k2, other := mk(r1.ID), mk(r2.ID), mk(r2.ID)
+	unknown := func(prefix string, n int) []string {
+		ids := make([]string, n)
+		for i := range ids {
+			ids[i] = fmt.Sprintf("%s-%05d", prefix, i)
+		}
+		return ids
+	}
+	// r1 names 20,000 ids with its task in the middle and r2's task among
+	// them; r2 names 20,000 more and its own first task last.
+	ids1 := unknown("a", 20000)
+	ids1[10000], ids1[15000] = k1.ID, other.ID
+	ids2 := append(unknown("b", 20000), k2.ID)
+	// Both runs' expiries are due: one timer transaction stops both.
+	n, errs, err := s.FireTimers(t.Context(), []string{r1.ID, r2.ID}, at(2*time.Hour), time.Minute, func(it *store.QueueItem, tx store.RunTx) error {
+		if it.RunID == r1.ID {
+			return tx.CancelTasks(ids1...)
+		}
+		return tx.CancelTasks(ids2...)
+	})
+	must(t, err, "FireTimers")
+	if n != 2 || len(errs) != 0 {
+		t.Fatalf("FireTimers took %d items with errors %v, want 2 and none", n, errs)
+	}
+	for _, k := range []*store.Task{k1, k2} {
+		if got := getTask(t, s, k.ID); got.Status != status.TaskCancelled {
+			t.Errorf("task %s of its run = %s, want cancelled", k.ID, got.Status)
+		}
+	}
+	if got := getTask(t, s, other.ID); got.Status != status.TaskPending {
+		t.Errorf("r2's task named by r1 = %s, want still pending", got.Status)
+	}
 }

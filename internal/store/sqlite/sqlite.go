@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/ferryhq/ferry/internal/store/sqlstore"
@@ -49,7 +50,8 @@ type syncer interface {
 //
 // Full durability is not SQLite's synchronous=FULL, which syncs the WAL
 // inside every commit while the one writer waits: SQLite commits without
-// syncing (NORMAL, which still syncs around checkpoints), and the group
+// syncing (NORMAL, which still syncs around checkpoints, and those run off
+// the writer: see checkpoints), and the group
 // writer has wal synced before it answers the requests of the groups
 // committed so far, while it writes the next group
 // (sqlstore.EnableGroupCommit).
@@ -63,6 +65,8 @@ func open(path string, wal syncer) (*sqlstore.Store, error) {
 	if wal != nil {
 		closers, syncWAL = append(closers, wal.close), wal.sync
 	}
+	cp := startCheckpoints(path, r)
+	closers = append(closers, cp.stop)
 	st := sqlstore.New(sqlstore.Dialect{
 		Name:     "sqlite",
 		IsUnique: func(err error) bool { return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed") },
@@ -172,7 +176,7 @@ func openPools(path, sync string) (w, r *sql.DB, err error) {
 		q.Add("_pragma", p)
 	}
 	base := "file:" + path + "?" + q.Encode()
-	wc, err := newConnector(base+"&_txlock=immediate", stmtCacheSize)
+	wc, err := newConnector(base+"&_txlock=immediate&_pragma=wal_autocheckpoint("+strconv.Itoa(writerCheckpointFrames)+")", stmtCacheSize)
 	if err != nil {
 		return nil, nil, fmt.Errorf("open sqlite: %w", err)
 	}

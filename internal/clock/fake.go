@@ -64,24 +64,23 @@ func (f *Fake) NewTimer(d time.Duration) Timer {
 // that must not move the clock before code under test has set its timer
 // (or it would set it after the move, from the new now) waits for this.
 func (f *Fake) HasTimer(at time.Time) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, t := range f.timers {
-		if t.at.Equal(at) {
-			return true
-		}
-	}
-	return false
+	return f.anyTimer(func(t time.Time) bool { return t.Equal(at) })
 }
 
 // HasTimerBy says whether a timer is set to fire at or before at (see
 // HasTimer), for a test that knows by when the code under test must wake
 // but not the exact time it plans for.
 func (f *Fake) HasTimerBy(at time.Time) bool {
+	return f.anyTimer(func(t time.Time) bool { return !t.After(at) })
+}
+
+// anyTimer says whether a timer set to fire at a time match accepts is
+// waiting.
+func (f *Fake) anyTimer(match func(time.Time) bool) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, t := range f.timers {
-		if !t.at.After(at) {
+		if match(t.at) {
 			return true
 		}
 	}

@@ -649,8 +649,8 @@ var (
 	// not its value changes: a run whose status, error and finish are as
 	// read (every write of a run but its last) is written without them,
 	// which keeps runs_by_workflow (runs_workflow_status when this was
-	// measured) out of it (10 → 6 µs a row in chain10). Postgres compares values itself (HOT updates) and always
-	// gets the full form. (The same for step_runs_token measured no gain.)
+	// measured) out of it (10 → 6 µs a row in chain10). Postgres compares
+	// values itself (HOT updates) and always gets the full form. (The same for step_runs_token measured no gain.)
 	runSetSeq   = runSet[3:]
 	runTypesSeq = append([]string{cText}, runTypes[4:]...)
 
@@ -797,7 +797,7 @@ const cancelChunk = 4096
 // run_id is the run that named it.
 func (s *Store) cancelTasks(ctx context.Context, tx querier, c *changeset) error {
 	var ids, runs []any // a task's id and the run that named it
-	var cancelled map[string]bool
+	cancelled := map[string]bool{}
 	for _, ct := range c.cancel {
 		for _, id := range ct.ids {
 			ids, runs = append(ids, id), append(runs, ct.run.run.ID)
@@ -808,7 +808,7 @@ func (s *Store) cancelTasks(ctx context.Context, tx querier, c *changeset) error
 		if !s.postgres() {
 			n = chunk(n, cancelChunk)
 		}
-		if err := s.cancelTaskIDs(ctx, tx, c, ids[:n], runs[:n], &cancelled); err != nil {
+		if err := s.cancelTaskIDs(ctx, tx, c, ids[:n], runs[:n], cancelled); err != nil {
 			return err
 		}
 		ids, runs = ids[n:], runs[n:]
@@ -818,8 +818,8 @@ func (s *Store) cancelTasks(ctx context.Context, tx querier, c *changeset) error
 }
 
 // cancelTaskIDs cancels the tasks with ids[i] of run runs[i] that are
-// unfinished, adds their events to c and their ids to *cancelled.
-func (s *Store) cancelTaskIDs(ctx context.Context, tx querier, c *changeset, ids, runs []any, cancelled *map[string]bool) error {
+// unfinished, adds their events to c and their ids to cancelled.
+func (s *Store) cancelTaskIDs(ctx context.Context, tx querier, c *changeset, ids, runs []any, cancelled map[string]bool) error {
 	now := ts(c.cancel[0].run.now)
 	data := mustJSON(map[string]any{"reason": "run cancelled"})
 	// The event as rowJSON writes it, its number filled in by the UPDATE;
@@ -854,10 +854,7 @@ func (s *Store) cancelTaskIDs(ctx context.Context, tx querier, c *changeset, ids
 		// task: true, so the events table takes it only past the row's
 		// share (inRow), as every task event.
 		c.events = append(c.events, eventRow{owner: id, seq: seq, typ: "cancelled", data: data, at: now, task: true})
-		if *cancelled == nil {
-			*cancelled = map[string]bool{}
-		}
-		(*cancelled)[id] = true
+		cancelled[id] = true
 	}
 	return rows.Err()
 }

@@ -782,7 +782,7 @@ func TestPipelineInRunAndClaimFailures(t *testing.T) {
 	if err := s.InRun(ctx, "no-such-run", now, setStep); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("InRun on an unknown run = %v, want ErrNotFound", err)
 	}
-	undo := failOn(t, s, "UPDATE", "step_runs", "")
+	undo := failOn(t, s, "UPDATE", "runs", "")
 	if err := s.InRun(ctx, runs[0].ID, now, setStep); err == nil {
 		t.Fatal("InRun whose write fails succeeded")
 	}
@@ -897,7 +897,7 @@ func TestPipelineFireTimersFailure(t *testing.T) {
 			t.Errorf("%s: due timers %d, %v; want the wake-up still due", what, len(due), err)
 		}
 	}
-	for _, f := range []struct{ op, table string }{{"UPDATE", "step_runs"}, {"DELETE", "queue"}} {
+	for _, f := range []struct{ op, table string }{{"UPDATE", "runs"}, {"DELETE", "queue"}} {
 		undo := failOn(t, s, f.op, f.table, "")
 		if _, _, err := fire(); err == nil {
 			t.Fatalf("a timer transaction with a failing %s of %s committed", f.op, f.table)

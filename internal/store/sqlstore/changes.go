@@ -26,7 +26,8 @@ type changeset struct {
 	newSteps  []*store.StepRun
 	runs      []*runTx // runs whose row changed (status or event sequence)
 	steps     []*store.StepRun
-	tasks     []*taskTx // tasks whose row changed
+	stepRows  map[[2]string]bool // see step
+	tasks     []*taskTx          // tasks whose row changed
 	newTasks  []*store.Task
 	events    []eventRow
 	queue     []store.QueueItem
@@ -223,7 +224,7 @@ func (c *changeset) merge(o *changeset) {
 		c.run(r)
 	}
 	for _, s := range o.steps {
-		c.step(s)
+		c.step(s, o.stepRows[stepKey(s)])
 	}
 	for _, t := range o.tasks {
 		c.task(t)
@@ -247,11 +248,13 @@ func (c *changeset) newRun(nr *store.NewRun, now time.Time) error {
 	if err := c.addEvents(r.ID, false, &seq, now, nr.Events); err != nil {
 		return err
 	}
-	c.newRuns = append(c.newRuns, []any{r.ID, r.WorkflowID, r.Version, r.Status, string(r.Input), string(headers), nullStr(r.IdempotencyKey), r.Error, seq, ts(r.ExpiresAt), ts(r.StartedAt), tsPtr(r.FinishedAt), ts(now)})
 	for _, st := range nr.Steps {
 		st.RunID = r.ID
-		c.newSteps = append(c.newSteps, st)
+		if !packable(st, len(nr.Steps)) {
+			c.newSteps = append(c.newSteps, st)
+		}
 	}
+	c.newRuns = append(c.newRuns, []any{r.ID, r.WorkflowID, r.Version, r.Status, string(r.Input), string(headers), nullStr(r.IdempotencyKey), r.Error, seq, ts(r.ExpiresAt), ts(r.StartedAt), tsPtr(r.FinishedAt), ts(now), packSteps(nr.Steps)})
 	for _, it := range nr.Queue {
 		if it.Kind == store.KindRunExpire {
 			return fmt.Errorf("run %s: %w", r.ID, store.ErrExpiryNotQueued)
@@ -299,8 +302,18 @@ func createdLeased(t *store.Task) bool {
 }
 
 // step records a step to write; one row per step, the latest copy (two in
-// one UPDATE … FROM would leave which one wins to the database).
-func (c *changeset) step(s *store.StepRun) {
+// one UPDATE … FROM would leave which one wins to the database). hadRow
+// says whether the step had a step_runs row before the request that
+// changed it (its state as the request read it was not packable); the
+// first request of c to change a step tells how it stood before c.
+func (c *changeset) step(s *store.StepRun, hadRow bool) {
+	k := stepKey(s)
+	if _, ok := c.stepRows[k]; !ok {
+		if c.stepRows == nil {
+			c.stepRows = map[[2]string]bool{}
+		}
+		c.stepRows[k] = hadRow
+	}
 	for i, x := range c.steps {
 		if x == s || (x.RunID == s.RunID && x.Name == s.Name) {
 			c.steps[i] = s
@@ -309,6 +322,8 @@ func (c *changeset) step(s *store.StepRun) {
 	}
 	c.steps = append(c.steps, s)
 }
+
+func stepKey(s *store.StepRun) [2]string { return [2]string{s.RunID, s.Name} }
 
 func (c *changeset) run(r *runTx) {
 	for _, x := range c.runs {
@@ -422,10 +437,29 @@ func (s *Store) updateParts(table, form string, keys, set []string, types []stri
 // insertParts are multi-row INSERTs of rows of len(types) values each (on
 // Postgres one INSERT … SELECT FROM unnest(…), as in updateParts).
 func (s *Store) insertParts(table, cols string, types []string, rows [][]any) []part {
+	return s.insertOn(table, cols, "", types, rows)
+}
+
+// upsertParts are insertParts whose rows, where one with the same keys
+// exists, set its columns set instead.
+func (s *Store) upsertParts(table, cols string, keys, set, types []string, rows [][]any) []part {
+	sets := make([]string, len(set))
+	for i, c := range set {
+		sets[i] = c + " = excluded." + c
+	}
+	return s.insertOn(table, cols, " ON CONFLICT ("+strings.Join(keys, ", ")+") DO UPDATE SET "+strings.Join(sets, ", "), types, rows)
+}
+
+// insertOn is insertParts with an ON CONFLICT clause, on ("" for none).
+func (s *Store) insertOn(table, cols, on string, types []string, rows [][]any) []part {
 	n := len(types)
+	kind, what := "insert", "insert "+table
+	if on != "" {
+		kind, what = "upsert", "upsert "+table
+	}
 	if s.postgres() {
-		return []part{{key: stmtKey{"insert", table, 0}, args: columns(rows, n), what: "insert " + table,
-			text: func() string { return "INSERT INTO " + table + " (" + cols + ") SELECT * FROM " + s.unnest(types) }}}
+		return []part{{key: stmtKey{kind, table, 0}, args: columns(rows, n), what: what,
+			text: func() string { return "INSERT INTO " + table + " (" + cols + ") SELECT * FROM " + s.unnest(types) + on }}}
 	}
 	ph := "(" + placeholders(n) + ")"
 	var out []part
@@ -437,7 +471,7 @@ func (s *Store) insertParts(table, cols string, types []string, rows [][]any) []
 			args = append(args, r...)
 		}
 		k := len(batch)
-		out = append(out, part{key: stmtKey{"insert", table, k}, args: args, what: "insert " + table, text: func() string {
+		out = append(out, part{key: stmtKey{kind, table, k}, args: args, what: what, text: func() string {
 			var sb strings.Builder
 			sb.WriteString("INSERT INTO " + table + " (" + cols + ") VALUES ")
 			for i := 0; i < k; i++ {
@@ -446,6 +480,7 @@ func (s *Store) insertParts(table, cols string, types []string, rows [][]any) []
 				}
 				sb.WriteString(ph)
 			}
+			sb.WriteString(on)
 			return sb.String()
 		}})
 	}
@@ -642,8 +677,8 @@ var (
 	stepTypes = []string{cText, cText, cText, cInt, cText, cInt, cInt, cText, cBytes, cText, cBool, cBool, cText, cInt, cInt, cInt}
 	taskSet   = []string{"status", "run_at", "attempt", "leased_by", "lease_token", "lease_until", "reclaimed", "cancel_requested", "last_error", "result", "updated_at", "finished_at", "event_seq", "+events"}
 	taskTypes = []string{cText, cText, cInt, cInt, cText, cText, cInt, cBool, cBool, cText, cText, cInt, cInt, cInt, cText}
-	runSet    = []string{"status", "error", "finished_at", "updated_at", "event_seq", "+events"}
-	runTypes  = []string{cText, cText, cText, cInt, cInt, cInt, cText}
+	runSet    = []string{"status", "error", "finished_at", "updated_at", "event_seq", "steps", "+events"}
+	runTypes  = []string{cText, cText, cText, cInt, cInt, cInt, cText, cText}
 
 	// SQLite maintains every index on a column an UPDATE sets, whether or
 	// not its value changes: a run whose status, error and finish are as
@@ -654,7 +689,7 @@ var (
 	runSetSeq   = runSet[3:]
 	runTypesSeq = append([]string{cText}, runTypes[4:]...)
 
-	runInsertTypes  = []string{cText, cText, cInt, cText, cText, cText, cText, cText, cInt, cInt, cInt, cInt, cInt, cText}
+	runInsertTypes  = []string{cText, cText, cInt, cText, cText, cText, cText, cText, cInt, cInt, cInt, cInt, cInt, cText, cText}
 	stepInsertTypes = append([]string{cText, cText, cInt, cText}, stepTypes[2:]...)
 	taskInsertTypes = []string{cText, cText, cText, cText, cInt, cInt, cText, cInt, cInt, cInt, cText, cText, cInt, cBool, cBool, cText, cText, cText, cText, cInt, cInt, cInt, cInt, cText}
 	queueTypes      = []string{cText, cText, cText, cInt, cInt}
@@ -698,7 +733,7 @@ func (s *Store) flushParts(c *changeset) ([]part, func() []part) {
 		for _, r := range c.newRuns {
 			rows = append(rows, append(r, rowEvents[r[0].(string)]))
 		}
-		parts = append(parts, s.insertParts("runs", "id, workflow_id, version, status, input, trigger_headers, idempotency_key, error, event_seq, expires_at, started_at, finished_at, updated_at, events", runInsertTypes, rows)...)
+		parts = append(parts, s.insertParts("runs", "id, workflow_id, version, status, input, trigger_headers, idempotency_key, error, event_seq, expires_at, started_at, finished_at, updated_at, steps, events", runInsertTypes, rows)...)
 	}
 	if len(c.newSteps) > 0 {
 		rows := make([][]any, 0, len(c.newSteps))
@@ -722,20 +757,44 @@ func (s *Store) flushParts(c *changeset) ([]part, func() []part) {
 		}
 		parts = append(parts, s.updateParts("tasks", "", []string{"id"}, taskSet, taskTypes, rows)...)
 	}
+	// A changed step that is packable is written with its run's row
+	// (every step change marks the run). One that had a row is updated;
+	// one that was packable until now is upserted, since it may have a
+	// stale row (see packedsteps.go). An upsert is not used for all:
+	// Postgres locks the row it updates, one more WAL record each.
+	var stepRows, upserts [][]any
+	var written map[[2]string]*store.StepRun
 	if len(c.steps) > 0 {
-		rows := make([][]any, 0, len(c.steps))
-		for _, st := range c.steps {
-			rows = append(rows, append([]any{st.RunID, st.Name}, stepArgs(st)...))
+		count := make(map[string]int, len(c.runs))
+		for _, r := range c.runs {
+			count[r.run.ID] = len(r.steps)
 		}
-		parts = append(parts, s.updateParts("step_runs", "", []string{"run_id", "name"}, stepSet, stepTypes, rows)...)
+		written = make(map[[2]string]*store.StepRun, len(c.steps))
+		for _, st := range c.steps {
+			written[stepKey(st)] = st
+			switch {
+			case packable(st, count[st.RunID]):
+			case c.stepRows[stepKey(st)]:
+				stepRows = append(stepRows, append([]any{st.RunID, st.Name}, stepArgs(st)...))
+			default:
+				upserts = append(upserts, append([]any{st.RunID, st.Name, st.Position, st.Type}, stepArgs(st)...))
+			}
+		}
+	}
+	if len(stepRows) > 0 {
+		parts = append(parts, s.updateParts("step_runs", "", []string{"run_id", "name"}, stepSet, stepTypes, stepRows)...)
+	}
+	if len(upserts) > 0 {
+		parts = append(parts, s.upsertParts("step_runs", stepCols, []string{"run_id", "name"}, stepSet, stepInsertTypes, upserts)...)
 	}
 	if len(c.runs) > 0 {
 		var rows, seqOnly [][]any
 		for _, r := range c.runs {
+			packed := packSteps(r.committedSteps(written))
 			if s.cache != nil && r.base != nil && r.base.run.Status == r.run.Status && r.base.run.Error == r.run.Error && timePtrEqual(r.base.run.FinishedAt, r.run.FinishedAt) {
-				seqOnly = append(seqOnly, []any{r.run.ID, ts(r.updatedAt), r.seq, rowEvents[r.run.ID]})
+				seqOnly = append(seqOnly, []any{r.run.ID, ts(r.updatedAt), r.seq, packed, rowEvents[r.run.ID]})
 			} else {
-				rows = append(rows, []any{r.run.ID, r.run.Status, r.run.Error, tsPtr(r.run.FinishedAt), ts(r.updatedAt), r.seq, rowEvents[r.run.ID]})
+				rows = append(rows, []any{r.run.ID, r.run.Status, r.run.Error, tsPtr(r.run.FinishedAt), ts(r.updatedAt), r.seq, packed, rowEvents[r.run.ID]})
 			}
 		}
 		parts = append(parts, s.updateParts("runs", "", []string{"id"}, runSet, runTypes, rows)...)

@@ -430,32 +430,22 @@ func (s *Store) runsByID(ctx context.Context, ids []string) (map[string]*store.R
 
 // GetRun returns a run and its steps in definition order.
 func (s *Store) GetRun(ctx context.Context, id string) (*store.Run, []*store.StepRun, error) {
-	run, err := scanRun(s.r.QueryRowContext(ctx, s.q(`SELECT `+runCols+` FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE r.id = ?`), id))
+	// The run's row is read before its step rows: a step leaves the row
+	// only for a step_runs row written in the same transaction, so a
+	// later read of the rows finds it (see packedsteps.go).
+	var packed string
+	run, err := scanRun(scanTail{s.r.QueryRowContext(ctx, s.q(`SELECT `+runCols+`, r.steps FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE r.id = ?`), id), []any{&packed}})
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil, fmt.Errorf("run %q: %w", id, store.ErrNotFound)
 	}
 	if err != nil {
 		return nil, nil, err
 	}
-	steps, err := s.loadSteps(ctx, s.r, id)
-	return run, steps, err
-}
-
-func (s *Store) loadSteps(ctx context.Context, q querier, runID string) ([]*store.StepRun, error) {
-	rows, err := q.QueryContext(ctx, s.q(`SELECT `+stepCols+` FROM step_runs WHERE run_id = ? ORDER BY position`), runID)
-	if err != nil {
-		return nil, err
+	rt := &runTx{run: run, packed: packed}
+	if err := s.readSteps(ctx, s.r, []string{id}, map[string]*runTx{id: rt}); err != nil {
+		return nil, nil, err
 	}
-	defer rows.Close()
-	var out []*store.StepRun
-	for rows.Next() {
-		st, err := scanStep(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, st)
-	}
-	return out, rows.Err()
+	return run, rt.steps, nil
 }
 
 // ListRuns pages a workflow's runs, newest first (ids are time-ordered).
@@ -565,14 +555,27 @@ func unpackEvents(owner, packed string, afterSeq int64) ([]*store.Event, error) 
 	return out, nil
 }
 
-// StepByToken finds a webhook step by its callback token.
+// StepByToken finds a webhook step by its callback token. A step with a
+// token is never kept in its run's row; a step_runs row whose step the
+// run's row holds is stale (the step lost its token since), so its token
+// finds nothing.
 func (s *Store) StepByToken(ctx context.Context, tok string) (string, string, error) {
-	var runID, step string
-	err := s.r.QueryRowContext(ctx, s.q(`SELECT run_id, name FROM step_runs WHERE callback_token = ?`), tok).Scan(&runID, &step)
+	var runID, step, packed string
+	err := s.r.QueryRowContext(ctx, s.q(`SELECT s.run_id, s.name, r.steps FROM step_runs s JOIN runs r ON r.id = s.run_id WHERE s.callback_token = ?`), tok).Scan(&runID, &step, &packed)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", "", fmt.Errorf("callback token: %w", store.ErrNotFound)
 	}
-	return runID, step, err
+	if err != nil {
+		return "", "", err
+	}
+	inRow, err := unpackSteps(runID, packed)
+	if err != nil {
+		return "", "", err
+	}
+	if slices.ContainsFunc(inRow, func(st *store.StepRun) bool { return st.Name == step }) {
+		return "", "", fmt.Errorf("callback token: %w", store.ErrNotFound)
+	}
+	return runID, step, nil
 }
 
 // CountRuns counts a workflow's runs by status.

@@ -129,24 +129,25 @@ func (s *Store) runRowsQuery(ids []string) (string, []any) {
 	if version == "" {
 		version = "''"
 	}
-	return s.q(`SELECT ` + runCols + `, r.event_seq, ` + version + ` FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE ` + cond + ` ORDER BY r.id` + lockOf(s.d.LockRun)), args
+	return s.q(`SELECT ` + runCols + `, r.event_seq, r.steps, ` + version + ` FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE ` + cond + ` ORDER BY r.id` + lockOf(s.d.LockRun)), args
 }
 
 // scanRunRows reads runRowsQuery's rows into out, as runs of transaction tx.
 func (s *Store) scanRunRows(ctx context.Context, tx querier, rows PipeRows, now time.Time, out map[string]*runTx) error {
 	for rows.Next() {
 		var seq int64
-		var ver string
-		run, err := scanRun(scanTail{rows, []any{&seq, &ver}})
+		var packed, ver string
+		run, err := scanRun(scanTail{rows, []any{&seq, &packed, &ver}})
 		if err != nil {
 			return err
 		}
-		out[run.ID] = &runTx{s: s, ctx: ctx, tx: tx, run: run, now: now, seq: seq, updatedAt: run.UpdatedAt, version: ver}
+		out[run.ID] = &runTx{s: s, ctx: ctx, tx: tx, run: run, now: now, seq: seq, updatedAt: run.UpdatedAt, version: ver, packed: packed}
 	}
 	return rows.Err()
 }
 
-// readSteps reads the steps of runs in out, in position order.
+// readSteps reads the steps of runs in out, in position order: their
+// step_runs rows and those their rows hold (runTx.packed).
 func (s *Store) readSteps(ctx context.Context, tx querier, ids []string, out map[string]*runTx) error {
 	if len(ids) == 0 {
 		return nil
@@ -166,7 +167,21 @@ func (s *Store) readSteps(ctx context.Context, tx querier, ids []string, out map
 			rt.steps = append(rt.steps, st)
 		}
 	}
-	return rows.Err()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, id := range ids {
+		rt := out[id]
+		if rt == nil || rt.packed == "" {
+			continue
+		}
+		packed, err := unpackSteps(id, rt.packed)
+		if err != nil {
+			return err
+		}
+		rt.steps = mergeSteps(rt.steps, packed)
+	}
+	return nil
 }
 
 // lockOf qualifies the row lock to the runs table: FOR UPDATE on a join
@@ -192,6 +207,7 @@ type runTx struct {
 	updatedAt time.Time
 	base      *cachedRun // the run as read; see runCache.stage
 	version   string     // Postgres: the row's xmin as read
+	packed    string     // runs.steps as read, until readSteps decodes it
 }
 
 // runSnap is a run's in-memory state before one request of a batch, to
@@ -253,11 +269,47 @@ func (t *runTx) UpdateStep(st *store.StepRun) error {
 	// stays as read.
 	st.RunID, st.Position, st.Type = t.run.ID, t.steps[i].Position, t.steps[i].Type
 	t.steps[i] = st
-	t.cs.step(st)
+	t.cs.step(st, t.hadRow(st.Name))
 	// The run's row is written with its steps: its version (Postgres's
 	// xmin) then tells whether any step changed (see versionCache).
 	t.cs.run(t)
 	return nil
+}
+
+// hadRow says whether the step has a step_runs row that is not stale:
+// whether its committed state (the base; t.steps may have been changed in
+// place) is not packable. Without a base it says false, and the step is
+// upserted.
+func (t *runTx) hadRow(name string) bool {
+	if t.base == nil {
+		return false
+	}
+	for i := range t.base.steps {
+		if b := &t.base.steps[i]; b.Name == name {
+			return !packable(b, len(t.base.steps))
+		}
+	}
+	return false
+}
+
+// committedSteps are the run's steps as the tables hold them once c is
+// written: each step c writes as written, the others as committed (the
+// base), so a step changed in memory but never passed to UpdateStep is
+// not written with the run's row either.
+func (t *runTx) committedSteps(written map[[2]string]*store.StepRun) []*store.StepRun {
+	if t.base == nil {
+		return t.steps
+	}
+	out := make([]*store.StepRun, len(t.base.steps))
+	for i := range t.base.steps {
+		b := &t.base.steps[i]
+		if w := written[[2]string{t.run.ID, b.Name}]; w != nil {
+			out[i] = w
+		} else {
+			out[i] = b
+		}
+	}
+	return out
 }
 
 func (t *runTx) Enqueue(items ...store.QueueItem) error {

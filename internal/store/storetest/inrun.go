@@ -1,9 +1,11 @@
 package storetest
 
 import (
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,6 +23,8 @@ var inRunTests = []test{
 	{"AppendContinuesSeq", testAppendContinuesSeq},
 	{"ErrorRollsBackEverything", testInRunRollback},
 	{"SerialisesConcurrentCallers", testInRunSerialises},
+	{"SmallStepsInTheRunRow", testStepsInRunRow},
+	{"StepsWrittenBeforeTheRowHeldThem", testStepsLegacy},
 }
 
 func testInRunSees(t *testing.T, s store.Store) {
@@ -335,5 +339,175 @@ func testUpdateRunEachColumn(t *testing.T, s store.Store) {
 	})
 	if got, _ := getRun(t, s, r.ID); got.FinishedAt == nil || !got.FinishedAt.Equal(done) || !got.UpdatedAt.Equal(now.Add(2*time.Second)) {
 		t.Fatalf("run after changing its finish alone = {FinishedAt:%v UpdatedAt:%v}", got.FinishedAt, got.UpdatedAt)
+	}
+}
+
+// stepRowNames are the steps of a run that have a step_runs row, by name,
+// or nil when the store exposes no database handle.
+func stepRowNames(t *testing.T, s store.Store, runID string) []string {
+	t.Helper()
+	raw, ok := s.(interface{ DB() *sql.DB })
+	if !ok {
+		return nil
+	}
+	rows, err := raw.DB().QueryContext(t.Context(), fmt.Sprintf(`SELECT name FROM step_runs WHERE run_id = '%s' ORDER BY name`, runID))
+	must(t, err, "read step rows")
+	defer rows.Close()
+	names := []string{}
+	for rows.Next() {
+		var n string
+		must(t, rows.Scan(&n), "scan step row")
+		names = append(names, n)
+	}
+	must(t, rows.Err(), "read step rows")
+	return names
+}
+
+// testStepsInRunRow: a short run's small steps are kept in its own row,
+// and the others (a large output, a callback token, output that is not
+// UTF-8) and every step of a longer run in step_runs; a step that grows
+// moves to a row and one that shrinks back is read from the run's row,
+// every column as written, through GetRun and under the run's lock alike.
+func testStepsInRunRow(t *testing.T, s store.Store) {
+	wf := mkWorkflow(t, s, "wf")
+	big := []byte(strings.Repeat("x", 1000))
+	steps := []*store.StepRun{
+		{Name: "small", Position: 0, Type: "task", Status: status.StepRunning, Attempt: 1, Request: json.RawMessage(`{"task_id":"t-1","type":"x.v1"}`), Headers: map[string]string{}, StartedAt: ptr(at(time.Second))},
+		{Name: "big", Position: 1, Type: "task", Status: status.StepSuccess, Attempt: 2, Body: big, Error: "é\n\"quoted\"", StartedAt: ptr(at(time.Second)), FinishedAt: ptr(at(2 * time.Second))},
+		{Name: "tok", Position: 2, Type: "wait_for_webhook", Status: status.StepWaiting, CallbackToken: "tok-in-row-test", WakeAt: ptr(at(time.Minute))},
+		{Name: "bytes", Position: 3, Type: "http", Status: status.StepSuccess, Body: []byte{0xff, 'o', 'k'}, StatusCode: ptr(200), DurationMS: ptr(int64(7)), Truncated: true, Blocked: true},
+	}
+	r := mkRun(t, s, &store.NewRun{Run: baseRun(wf, ""), Steps: steps})
+	want := make([]*store.StepRun, 0, len(steps))
+	for _, st := range steps {
+		st := *st
+		st.RunID = r.ID
+		want = append(want, &st)
+	}
+	check := func(what string, rows []string) {
+		t.Helper()
+		_, got := getRun(t, s, r.ID)
+		diff(t, what+": GetRun", want, got)
+		inRun(t, s, r.ID, at(time.Hour), func(tx store.RunTx) error {
+			diff(t, what+": tx.Steps()", want, tx.Steps())
+			return nil
+		})
+		if got := stepRowNames(t, s, r.ID); got != nil {
+			diff(t, what+": steps with a step_runs row", rows, got)
+		}
+	}
+	check("created", []string{"big", "bytes", "tok"})
+	runID, name, err := s.StepByToken(t.Context(), "tok-in-row-test")
+	must(t, err, "StepByToken")
+	if runID != r.ID || name != "tok" {
+		t.Errorf("StepByToken = (%s, %s), want (%s, tok)", runID, name, r.ID)
+	}
+
+	update := func(i int, st store.StepRun) {
+		t.Helper()
+		inRun(t, s, r.ID, at(time.Duration(i)*time.Second), func(tx store.RunTx) error { return tx.UpdateStep(&st) })
+		for j, w := range want {
+			if w.Name == st.Name {
+				want[j] = &st
+			}
+		}
+	}
+	grown := *want[0]
+	grown.Status, grown.Body, grown.FinishedAt = status.StepSuccess, big, ptr(at(3*time.Second))
+	update(3, grown)
+	check("small step grown past the row's share", []string{"big", "bytes", "small", "tok"})
+	shrunk := grown
+	shrunk.Body, shrunk.Attempt = []byte(`{"ok":true}`), 3
+	update(4, shrunk)
+	check("the step shrunk again (its step_runs row is stale)", []string{"big", "bytes", "small", "tok"})
+	regrown := shrunk
+	regrown.Body, regrown.Error = big, "again"
+	update(5, regrown)
+	check("the step grown again (its stale row written over)", []string{"big", "bytes", "small", "tok"})
+	bytes := *want[3]
+	bytes.Status, bytes.Error = status.StepFailed, "boom"
+	update(6, bytes)
+	check("a step that has a row updated", []string{"big", "bytes", "small", "tok"})
+	bigSmall := *want[1]
+	bigSmall.Body = nil
+	update(7, bigSmall)
+	check("the big step emptied", []string{"big", "bytes", "small", "tok"})
+
+	// The runtime changes the step tx.Step returns and passes it back:
+	// where the step was is what the store read, not the object it gave.
+	inPlace := func(i int, name string, change func(st *store.StepRun), write bool) {
+		t.Helper()
+		inRun(t, s, r.ID, at(time.Duration(i)*time.Second), func(tx store.RunTx) error {
+			st := tx.Step(name)
+			change(st)
+			if !write {
+				return tx.Append(store.NewEvent{Type: "noted"}) // the run's row is written
+			}
+			cp := *st
+			for j, w := range want {
+				if w.Name == name {
+					want[j] = &cp
+				}
+			}
+			return tx.UpdateStep(st)
+		})
+	}
+	inPlace(8, "big", func(st *store.StepRun) { st.Body, st.Attempt = big, 4 }, true)
+	check("the emptied step grown in place", []string{"big", "bytes", "small", "tok"})
+	inPlace(9, "big", func(st *store.StepRun) { st.Body = nil }, true)
+	inPlace(10, "big", func(st *store.StepRun) { st.Body, st.Error = big, "in place" }, true)
+	check("a step grown in place after it had shrunk", []string{"big", "bytes", "small", "tok"})
+	inPlace(11, "small", func(st *store.StepRun) { st.Status = "changed but never written" }, false)
+	check("a step changed in memory but not written", []string{"big", "bytes", "small", "tok"})
+
+	// A longer run keeps every step in step_runs.
+	var long []*store.StepRun
+	var names []string
+	for i := range 5 {
+		long = append(long, &store.StepRun{Name: fmt.Sprintf("s%d", i), Position: i, Type: "task", Status: status.StepPending})
+		names = append(names, fmt.Sprintf("s%d", i))
+	}
+	lr := mkRun(t, s, &store.NewRun{Run: baseRun(wf, ""), Steps: long})
+	_, got := getRun(t, s, lr.ID)
+	if len(got) != 5 {
+		t.Fatalf("a run of five steps reads back %d", len(got))
+	}
+	if rows := stepRowNames(t, s, lr.ID); rows != nil {
+		diff(t, "a run of five steps: steps with a step_runs row", names, rows)
+	}
+}
+
+// testStepsLegacy: a run whose steps were all written as step_runs rows
+// before runs held any (runs.steps empty) reads the same, and its next
+// write moves its small steps into its row.
+func testStepsLegacy(t *testing.T, s store.Store) {
+	raw, ok := s.(interface{ DB() *sql.DB })
+	if !ok {
+		t.Skip("the store exposes no database handle")
+	}
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	r := mkSimpleRun(t, s, wf)
+	_, before := getRun(t, s, r.ID)
+	qs := []string{fmt.Sprintf(`UPDATE runs SET steps = '' WHERE id = '%s'`, r.ID)}
+	for _, st := range before {
+		qs = append(qs, fmt.Sprintf(`INSERT INTO step_runs (run_id, name, position, type, status) VALUES ('%s', '%s', %d, '%s', '%s')`, r.ID, st.Name, st.Position, st.Type, st.Status))
+	}
+	for _, q := range qs {
+		if _, err := raw.DB().ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	_, got := getRun(t, s, r.ID)
+	diff(t, "the legacy steps", before, got)
+	b := *before[1]
+	b.Status, b.WakeAt = status.StepSleeping, ptr(at(time.Minute))
+	inRun(t, s, r.ID, at(time.Second), func(tx store.RunTx) error { return tx.UpdateStep(&b) })
+	_, got = getRun(t, s, r.ID)
+	diff(t, "after an update", []*store.StepRun{before[0], &b}, got)
+	var packed string
+	must(t, raw.DB().QueryRowContext(ctx, fmt.Sprintf(`SELECT steps FROM runs WHERE id = '%s'`, r.ID)).Scan(&packed), "read runs.steps")
+	if !strings.Contains(packed, `"n":"a"`) || !strings.Contains(packed, `"n":"b"`) {
+		t.Errorf("runs.steps after the run's next write = %q, want both steps in it", packed)
 	}
 }

@@ -1,0 +1,6 @@
+INSERT INTO step_runs (run_id, name, position, type, status, attempt, status_code, duration_ms, request, body, headers, is_truncated, blocked, error, wake_at, started_at, finished_at)
+SELECT r.id, json_extract(e.value, '$.n'), json_extract(e.value, '$.p'), json_extract(e.value, '$.t'), json_extract(e.value, '$.s'), COALESCE(json_extract(e.value, '$.a'), 0), json_extract(e.value, '$.c'), json_extract(e.value, '$.d'), json_extract(e.value, '$.q'), CAST(json_extract(e.value, '$.b') AS BLOB), e.value -> '$.h', COALESCE(json_extract(e.value, '$.x'), 0), COALESCE(json_extract(e.value, '$.l'), 0), COALESCE(json_extract(e.value, '$.e'), ''), json_extract(e.value, '$.w'), json_extract(e.value, '$.r'), json_extract(e.value, '$.f')
+FROM runs r, json_each(r.steps) AS e
+WHERE r.steps <> ''
+ON CONFLICT (run_id, name) DO UPDATE SET status = excluded.status, attempt = excluded.attempt, status_code = excluded.status_code, duration_ms = excluded.duration_ms, request = excluded.request, body = excluded.body, headers = excluded.headers, is_truncated = excluded.is_truncated, blocked = excluded.blocked, error = excluded.error, wake_at = excluded.wake_at, started_at = excluded.started_at, finished_at = excluded.finished_at;
+ALTER TABLE runs DROP COLUMN steps

@@ -1,0 +1,267 @@
+package sqlstore
+
+import (
+	"bytes"
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ferryhq/ferry/internal/store"
+)
+
+// A short run's small steps live in its own row (runs.steps, migration
+// 0015) rather than in step_runs: every write of a step also writes its
+// run's row (UpdateStep marks the run, for the version cache), so a step
+// row was a second row version, and an index entry, for each change of a
+// step. Only runs of up to runRowSteps steps keep them there, and only
+// steps that are packable; the others (a webhook wait's callback token,
+// which step_runs_token finds; a large output; every step of a longer
+// run) are step_runs rows as before. Where a step lives is a function of
+// its state and its run's step count alone, so nothing records it: a step
+// that stops being packable is upserted into step_runs, and one that
+// becomes packable again leaves a stale row behind, which every reader
+// ignores because the run row's copy wins (mergeSteps).
+
+// runRowSteps: only runs of at most this many steps keep them in their
+// row, which every update of the run rewrites whole. Ten steps made the
+// row of a chain10 run pass the ≈2 KB at which Postgres compresses it on
+// every write, and its updates then cost more than the step rows they
+// saved (statement time +9 % in chain10, measured); up to four small
+// steps and a run's own events stay under it.
+const runRowSteps = 4
+
+// stepRowBytes bounds the variable parts of a step kept in the run row
+// (request, output, error, headers): a task step's request and a small
+// result fit; a large output goes to step_runs, once.
+const stepRowBytes = 256
+
+// packable says whether st, a step of a run of this many steps, is kept
+// in its run's row. Strings must be
+// valid UTF-8 to come back byte for byte from the row's JSON (a step_runs
+// row keeps any bytes).
+func packable(st *store.StepRun, steps int) bool {
+	if st.CallbackToken != "" || steps > runRowSteps {
+		return false
+	}
+	n := len(st.Body) + len(st.Request) + len(st.Error)
+	for k, v := range st.Headers {
+		n += len(k) + len(v) + 6
+	}
+	if n > stepRowBytes {
+		return false
+	}
+	// NUL too: Postgres's JSON functions (the down migration) refuse it.
+	if !utf8.Valid(st.Body) || !utf8.Valid(st.Request) || !utf8.ValidString(st.Error) ||
+		bytes.IndexByte(st.Body, 0) >= 0 || bytes.IndexByte(st.Request, 0) >= 0 || strings.IndexByte(st.Error, 0) >= 0 {
+		return false
+	}
+	for k, v := range st.Headers {
+		if !utf8.ValidString(k) || !utf8.ValidString(v) {
+			return false
+		}
+	}
+	return true
+}
+
+// packSteps is the runs.steps value for a run with these steps: a JSON
+// array of the packable ones, or "" when there is none.
+func packSteps(steps []*store.StepRun) string {
+	var b []byte
+	for _, st := range steps {
+		if !packable(st, len(steps)) {
+			continue
+		}
+		if b == nil {
+			b = make([]byte, 0, 160*len(steps))
+			b = append(b, '[')
+		} else {
+			b = append(b, ',')
+		}
+		b = appendPackedStep(b, st)
+	}
+	if b == nil {
+		return ""
+	}
+	return string(append(b, ']'))
+}
+
+// appendPackedStep appends st as the run row holds it (see packedStep),
+// with what a step_runs row would keep of it: an empty request or body
+// is no request or body.
+func appendPackedStep(b []byte, st *store.StepRun) []byte {
+	b = append(b, `{"n":`...)
+	b = appendEscaped(b, st.Name)
+	b = append(b, `,"p":`...)
+	b = strconv.AppendInt(b, int64(st.Position), 10)
+	b = append(b, `,"t":`...)
+	b = appendEscaped(b, st.Type)
+	b = append(b, `,"s":`...)
+	b = appendEscaped(b, st.Status)
+	if st.Attempt != 0 {
+		b = append(b, `,"a":`...)
+		b = strconv.AppendInt(b, int64(st.Attempt), 10)
+	}
+	if st.StatusCode != nil {
+		b = append(b, `,"c":`...)
+		b = strconv.AppendInt(b, int64(*st.StatusCode), 10)
+	}
+	if st.DurationMS != nil {
+		b = append(b, `,"d":`...)
+		b = strconv.AppendInt(b, *st.DurationMS, 10)
+	}
+	if len(st.Request) > 0 {
+		b = append(b, `,"q":`...)
+		b = appendEscaped(b, string(st.Request))
+	}
+	if len(st.Body) > 0 {
+		b = append(b, `,"b":`...)
+		b = appendEscaped(b, string(st.Body))
+	}
+	if st.Headers != nil {
+		h, _ := json.Marshal(st.Headers) // a map of strings always encodes
+		b = append(b, `,"h":`...)
+		b = append(b, h...)
+	}
+	if st.Truncated {
+		b = append(b, `,"x":true`...)
+	}
+	if st.Blocked {
+		b = append(b, `,"l":true`...)
+	}
+	if st.Error != "" {
+		b = append(b, `,"e":`...)
+		b = appendEscaped(b, st.Error)
+	}
+	b = appendPackedTime(b, `,"w":`, st.WakeAt)
+	b = appendPackedTime(b, `,"r":`, st.StartedAt)
+	b = appendPackedTime(b, `,"f":`, st.FinishedAt)
+	return append(b, '}')
+}
+
+func appendPackedTime(b []byte, key string, t *time.Time) []byte {
+	if t == nil {
+		return b
+	}
+	b = append(b, key...)
+	return strconv.AppendInt(b, ts(*t), 10)
+}
+
+// appendEscaped appends s, valid UTF-8, as a JSON string that decodes to
+// it: only what JSON requires is escaped (the quote, the backslash and
+// control characters). Unlike appendJSONString it need not match
+// encoding/json's bytes, and a step's request is JSON full of quotes,
+// which sent that one to encoding/json every time (two thirds of
+// packSteps' time in chain10).
+func appendEscaped(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' {
+			continue
+		}
+		b = append(b, s[start:i]...)
+		switch c {
+		case '"', '\\':
+			b = append(b, '\\', c)
+		case '\n':
+			b = append(b, '\\', 'n')
+		default:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		}
+		start = i + 1
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}
+
+// packedStep is one step of runs.steps.
+type packedStep struct {
+	Name       string          `json:"n"`
+	Position   int             `json:"p"`
+	Type       string          `json:"t"`
+	Status     string          `json:"s"`
+	Attempt    int             `json:"a"`
+	StatusCode *int            `json:"c"`
+	DurationMS *int64          `json:"d"`
+	Request    *string         `json:"q"`
+	Body       *string         `json:"b"`
+	Headers    json.RawMessage `json:"h"`
+	Truncated  bool            `json:"x"`
+	Blocked    bool            `json:"l"`
+	Error      string          `json:"e"`
+	WakeAt     *int64          `json:"w"`
+	StartedAt  *int64          `json:"r"`
+	FinishedAt *int64          `json:"f"`
+}
+
+// unpackSteps reads a runs.steps value: the run's steps kept in its row,
+// as scanStep would have read them from step_runs.
+func unpackSteps(runID, packed string) ([]*store.StepRun, error) {
+	if packed == "" {
+		return nil, nil
+	}
+	var ps []packedStep
+	if err := json.Unmarshal([]byte(packed), &ps); err != nil {
+		return nil, fmt.Errorf("run %s: decode steps: %w", runID, err)
+	}
+	out := make([]*store.StepRun, len(ps))
+	sts := make([]store.StepRun, len(ps))
+	for i, p := range ps {
+		st := &sts[i]
+		st.RunID, st.Name, st.Position, st.Type, st.Status, st.Attempt = runID, p.Name, p.Position, p.Type, p.Status, p.Attempt
+		st.StatusCode, st.DurationMS = p.StatusCode, p.DurationMS
+		if p.Request != nil {
+			st.Request = json.RawMessage(*p.Request)
+		}
+		if p.Body != nil {
+			st.Body = []byte(*p.Body)
+		}
+		if p.Headers != nil {
+			if err := json.Unmarshal(p.Headers, &st.Headers); err != nil {
+				return nil, fmt.Errorf("run %s: decode step headers: %w", runID, err)
+			}
+		}
+		st.Truncated, st.Blocked, st.Error = p.Truncated, p.Blocked, p.Error
+		st.WakeAt, st.StartedAt, st.FinishedAt = packedTime(p.WakeAt), packedTime(p.StartedAt), packedTime(p.FinishedAt)
+		out[i] = st
+	}
+	slices.SortStableFunc(out, byPosition)
+	return out, nil
+}
+
+func byPosition(a, b *store.StepRun) int { return cmp.Compare(a.Position, b.Position) }
+
+func packedTime(v *int64) *time.Time {
+	if v == nil {
+		return nil
+	}
+	t := fromTS(*v)
+	return &t
+}
+
+// mergeSteps is a run's steps in position order from its step_runs rows
+// and the steps its row holds; a step in both is the row's (the step_runs
+// row is what it was before it became packable again).
+func mergeSteps(rows, packed []*store.StepRun) []*store.StepRun {
+	if len(packed) == 0 {
+		return rows
+	}
+	if len(rows) == 0 {
+		return packed
+	}
+	out := slices.Clone(packed)
+	for _, r := range rows {
+		if !slices.ContainsFunc(packed, func(p *store.StepRun) bool { return p.Name == r.Name }) {
+			out = append(out, r)
+		}
+	}
+	slices.SortStableFunc(out, byPosition)
+	return out
+}

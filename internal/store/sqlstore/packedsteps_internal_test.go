@@ -1,0 +1,103 @@
+package sqlstore
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/store"
+	"pgregory.net/rapid"
+)
+
+// TestPackedStepsRoundTrip: a packable step read back from the run row's
+// steps is, every field and nil-ness included, what a step_runs row would
+// have given back (overlayStep's image of it); strings of any valid UTF-8
+// (quotes, escapes, control characters, non-ASCII) included.
+func TestPackedStepsRoundTrip(t *testing.T) {
+	str := rapid.OneOf(
+		rapid.StringMatching(`[a-z_]{0,12}`),
+		rapid.String(),
+		rapid.SampledFrom([]string{"", `"`, `\`, "<b>", "a&b", "\n\t\x01\x1f\x7f", "é", "\u2028", `{"task_id":"t-1","type":"x.v1"}`}),
+	)
+	optTime := rapid.Custom(func(t *rapid.T) *time.Time {
+		if rapid.Bool().Draw(t, "nil") {
+			return nil
+		}
+		v := time.Unix(0, rapid.Int64Range(0, 4e18).Draw(t, "ns")).In(time.FixedZone("x", 3600))
+		return &v
+	})
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 5).Draw(t, "steps")
+		var steps []*store.StepRun
+		for i := range n {
+			st := &store.StepRun{
+				RunID: "r", Name: rapid.StringMatching(`[a-z][a-z0-9_]{0,8}`).Draw(t, "name") + strings.Repeat("x", i),
+				Position: i, Type: str.Draw(t, "type"), Status: str.Draw(t, "status"), Attempt: rapid.IntRange(-1, 1000).Draw(t, "attempt"),
+				Request: json.RawMessage(str.Draw(t, "request")), Body: []byte(str.Draw(t, "body")), Error: str.Draw(t, "error"),
+				Truncated: rapid.Bool().Draw(t, "truncated"), Blocked: rapid.Bool().Draw(t, "blocked"),
+				WakeAt: optTime.Draw(t, "wake"), StartedAt: optTime.Draw(t, "started"), FinishedAt: optTime.Draw(t, "finished"),
+			}
+			if rapid.Bool().Draw(t, "code") {
+				c := rapid.IntRange(-1, 999).Draw(t, "status code")
+				st.StatusCode = &c
+			}
+			if rapid.Bool().Draw(t, "duration") {
+				d := rapid.Int64().Draw(t, "duration ms")
+				st.DurationMS = &d
+			}
+			switch rapid.IntRange(0, 2).Draw(t, "headers") {
+			case 1:
+				st.Headers = map[string]string{}
+			case 2:
+				st.Headers = rapid.MapOfN(str, str, 1, 3).Draw(t, "header map")
+			}
+			steps = append(steps, st)
+		}
+		var want []*store.StepRun
+		for _, st := range steps {
+			if packable(st, n) {
+				b := &store.StepRun{RunID: st.RunID, Name: st.Name, Position: st.Position, Type: st.Type}
+				overlayStep(b, st)
+				want = append(want, b)
+			}
+		}
+		got, err := unpackSteps("r", packSteps(steps))
+		if err != nil {
+			t.Fatalf("unpack: %v\n%s", err, packSteps(steps))
+		}
+		rw, rg := &runTx{run: &store.Run{}, steps: want}, &runTx{run: &store.Run{}, steps: got}
+		if a, b := runImage(rw), runImage(rg); a != b {
+			t.Fatalf("round trip:\nwant %s\ngot  %s\npacked %s", a, b, packSteps(steps))
+		}
+	})
+}
+
+// TestPackable: what stays out of the run's row.
+func TestPackable(t *testing.T) {
+	small := func() *store.StepRun {
+		return &store.StepRun{Name: "a", Position: 0, Type: "task", Status: "running", Request: json.RawMessage(`{"task_id":"t"}`)}
+	}
+	if !packable(small(), runRowSteps) {
+		t.Fatal("a small task step of a short run is not packable")
+	}
+	if packable(small(), runRowSteps+1) {
+		t.Errorf("a small task step of a run of %d steps is packable", runRowSteps+1)
+	}
+	for what, change := range map[string]func(*store.StepRun){
+		"a callback token":          func(st *store.StepRun) { st.CallbackToken = "tok" },
+		"a large output":            func(st *store.StepRun) { st.Body = make([]byte, stepRowBytes) },
+		"large headers":             func(st *store.StepRun) { st.Headers = map[string]string{"k": strings.Repeat("v", stepRowBytes)} },
+		"an output not UTF-8":       func(st *store.StepRun) { st.Body = []byte{0xff} },
+		"an output with a NUL":      func(st *store.StepRun) { st.Body = []byte{'a', 0} },
+		"an error not UTF-8":        func(st *store.StepRun) { st.Error = "\xff" },
+		"a header value not UTF-8":  func(st *store.StepRun) { st.Headers = map[string]string{"k": "\xc3"} },
+		"a request with a NUL byte": func(st *store.StepRun) { st.Request = json.RawMessage("\x00") },
+	} {
+		st := small()
+		change(st)
+		if packable(st, 1) {
+			t.Errorf("a step with %s is packable", what)
+		}
+	}
+}

@@ -70,19 +70,31 @@ func packable(st *store.StepRun, steps int) bool {
 
 // packSteps is the runs.steps value for a run with these steps: a JSON
 // array of the packable ones, or "" when there is none.
+//
+// When every step of the run is there, the first carries the run's step
+// count ("N"): a reader then knows the run has no step_runs row to read
+// (a stale one is of a step the row holds, and the row's copy wins).
 func packSteps(steps []*store.StepRun) string {
 	var b []byte
+	all := true
+	for _, st := range steps {
+		all = all && packable(st, len(steps))
+	}
 	for _, st := range steps {
 		if !packable(st, len(steps)) {
 			continue
 		}
+		count := 0
 		if b == nil {
 			b = make([]byte, 0, 160*len(steps))
 			b = append(b, '[')
+			if all {
+				count = len(steps)
+			}
 		} else {
 			b = append(b, ',')
 		}
-		b = appendPackedStep(b, st)
+		b = appendPackedStep(b, st, count)
 	}
 	if b == nil {
 		return ""
@@ -92,9 +104,15 @@ func packSteps(steps []*store.StepRun) string {
 
 // appendPackedStep appends st as the run row holds it (see packedStep),
 // with what a step_runs row would keep of it: an empty request or body
-// is no request or body.
-func appendPackedStep(b []byte, st *store.StepRun) []byte {
-	b = append(b, `{"n":`...)
+// is no request or body. A count above zero is written as "N".
+func appendPackedStep(b []byte, st *store.StepRun, count int) []byte {
+	b = append(b, '{')
+	if count > 0 {
+		b = append(b, `"N":`...)
+		b = strconv.AppendInt(b, int64(count), 10)
+		b = append(b, ',')
+	}
+	b = append(b, `"n":`...)
 	b = appendEscaped(b, st.Name)
 	b = append(b, `,"p":`...)
 	b = strconv.AppendInt(b, int64(st.Position), 10)
@@ -181,8 +199,10 @@ func appendEscaped(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
-// packedStep is one step of runs.steps.
+// packedStep is one step of runs.steps, as encoding/json reads it (the
+// fallback of unpackSteps).
 type packedStep struct {
+	Count      int             `json:"N"`
 	Name       string          `json:"n"`
 	Position   int             `json:"p"`
 	Type       string          `json:"t"`
@@ -202,19 +222,36 @@ type packedStep struct {
 }
 
 // unpackSteps reads a runs.steps value: the run's steps kept in its row,
-// as scanStep would have read them from step_runs.
-func unpackSteps(runID, packed string) ([]*store.StepRun, error) {
+// as scanStep would have read them from step_runs, and whether they are
+// all of the run's steps (see packSteps).
+func unpackSteps(runID, packed string) ([]*store.StepRun, bool, error) {
 	if packed == "" {
-		return nil, nil
+		return nil, false, nil
 	}
+	out, count, ok := parsePacked(runID, packed)
+	if !ok {
+		var err error
+		if out, count, err = decodePacked(runID, packed); err != nil {
+			return nil, false, err
+		}
+	}
+	slices.SortStableFunc(out, byPosition)
+	return out, count > 0 && count == len(out), nil
+}
+
+// decodePacked is unpackSteps through encoding/json: for what parsePacked
+// does not take (escapes appendEscaped does not write; headers).
+func decodePacked(runID, packed string) ([]*store.StepRun, int, error) {
 	var ps []packedStep
 	if err := json.Unmarshal([]byte(packed), &ps); err != nil {
-		return nil, fmt.Errorf("run %s: decode steps: %w", runID, err)
+		return nil, 0, fmt.Errorf("run %s: decode steps: %w", runID, err)
 	}
 	out := make([]*store.StepRun, len(ps))
 	sts := make([]store.StepRun, len(ps))
+	count := 0
 	for i, p := range ps {
 		st := &sts[i]
+		count = max(count, p.Count)
 		st.RunID, st.Name, st.Position, st.Type, st.Status, st.Attempt = runID, p.Name, p.Position, p.Type, p.Status, p.Attempt
 		st.StatusCode, st.DurationMS = p.StatusCode, p.DurationMS
 		if p.Request != nil {
@@ -225,15 +262,207 @@ func unpackSteps(runID, packed string) ([]*store.StepRun, error) {
 		}
 		if p.Headers != nil {
 			if err := json.Unmarshal(p.Headers, &st.Headers); err != nil {
-				return nil, fmt.Errorf("run %s: decode step headers: %w", runID, err)
+				return nil, 0, fmt.Errorf("run %s: decode step headers: %w", runID, err)
 			}
 		}
 		st.Truncated, st.Blocked, st.Error = p.Truncated, p.Blocked, p.Error
 		st.WakeAt, st.StartedAt, st.FinishedAt = packedTime(p.WakeAt), packedTime(p.StartedAt), packedTime(p.FinishedAt)
 		out[i] = st
 	}
-	slices.SortStableFunc(out, byPosition)
-	return out, nil
+	return out, count, nil
+}
+
+// parsePacked reads what appendPackedStep writes, without reflection
+// (encoding/json was 4 % of Ferry's CPU in the jobs workload, reading the
+// runs the version cache no longer held); anything else — an escape it
+// does not write, headers, a key it does not know — reports false, and
+// encoding/json reads the value instead.
+func parsePacked(runID, s string) (out []*store.StepRun, count int, ok bool) {
+	p := packedParser{s: s}
+	if !p.byte('[') {
+		return nil, 0, false
+	}
+	sts := make([]store.StepRun, 0, strings.Count(s, `"n":`))
+	for {
+		if !p.byte('{') {
+			return nil, 0, false
+		}
+		sts = append(sts, store.StepRun{RunID: runID})
+		st := &sts[len(sts)-1]
+		for {
+			key, ok := p.str()
+			if !ok || len(key) != 1 || !p.byte(':') {
+				return nil, 0, false
+			}
+			switch key[0] {
+			case 'n', 't', 's', 'e', 'q', 'b':
+				v, ok := p.str()
+				if !ok {
+					return nil, 0, false
+				}
+				switch key[0] {
+				case 'n':
+					st.Name = v
+				case 't':
+					st.Type = v
+				case 's':
+					st.Status = v
+				case 'e':
+					st.Error = v
+				case 'q':
+					st.Request = json.RawMessage(v)
+				case 'b':
+					st.Body = []byte(v)
+				}
+			case 'N', 'p', 'a', 'c', 'd', 'w', 'r', 'f':
+				v, ok := p.int()
+				if !ok {
+					return nil, 0, false
+				}
+				switch key[0] {
+				case 'N':
+					count = int(v)
+				case 'p':
+					st.Position = int(v)
+				case 'a':
+					st.Attempt = int(v)
+				case 'c':
+					c := int(v)
+					st.StatusCode = &c
+				case 'd':
+					st.DurationMS = &v
+				case 'w':
+					st.WakeAt = packedTime(&v)
+				case 'r':
+					st.StartedAt = packedTime(&v)
+				case 'f':
+					st.FinishedAt = packedTime(&v)
+				}
+			case 'x', 'l':
+				if !strings.HasPrefix(p.s[p.i:], "true") {
+					return nil, 0, false
+				}
+				p.i += 4
+				if key[0] == 'x' {
+					st.Truncated = true
+				} else {
+					st.Blocked = true
+				}
+			default: // headers, or a key this reader does not know
+				return nil, 0, false
+			}
+			if p.byte('}') {
+				break
+			}
+			if !p.byte(',') {
+				return nil, 0, false
+			}
+		}
+		if p.byte(']') {
+			break
+		}
+		if !p.byte(',') {
+			return nil, 0, false
+		}
+	}
+	if p.i != len(s) {
+		return nil, 0, false
+	}
+	out = make([]*store.StepRun, len(sts))
+	for i := range sts {
+		out[i] = &sts[i]
+	}
+	return out, count, true
+}
+
+// packedParser walks a runs.steps value as appendPackedStep writes it:
+// no whitespace.
+type packedParser struct {
+	s string
+	i int
+}
+
+func (p *packedParser) byte(c byte) bool {
+	if p.i < len(p.s) && p.s[p.i] == c {
+		p.i++
+		return true
+	}
+	return false
+}
+
+// str reads a string with the escapes appendEscaped writes.
+func (p *packedParser) str() (string, bool) {
+	if !p.byte('"') {
+		return "", false
+	}
+	start := p.i
+	for p.i < len(p.s) {
+		switch p.s[p.i] {
+		case '"':
+			v := p.s[start:p.i]
+			p.i++
+			return v, true
+		case '\\':
+			return p.escaped(start)
+		}
+		p.i++
+	}
+	return "", false
+}
+
+// escaped finishes a string from start whose first escape is at p.i.
+func (p *packedParser) escaped(start int) (string, bool) {
+	b := make([]byte, 0, 2*(p.i-start)+16)
+	b = append(b, p.s[start:p.i]...)
+	for p.i < len(p.s) {
+		j := strings.IndexAny(p.s[p.i:], `"\\`)
+		if j < 0 {
+			return "", false
+		}
+		b = append(b, p.s[p.i:p.i+j]...)
+		p.i += j
+		if p.s[p.i] == '"' {
+			p.i++
+			return string(b), true
+		}
+		if p.i+1 >= len(p.s) {
+			return "", false
+		}
+		switch e := p.s[p.i+1]; e {
+		case '"', '\\':
+			b = append(b, e)
+			p.i += 2
+		case 'n':
+			b = append(b, '\n')
+			p.i += 2
+		case 'u':
+			// appendEscaped writes \u00XX for control characters only.
+			if p.i+6 > len(p.s) || p.s[p.i+2:p.i+4] != "00" {
+				return "", false
+			}
+			v, err := strconv.ParseUint(p.s[p.i+4:p.i+6], 16, 8)
+			if err != nil || v >= 0x20 {
+				return "", false
+			}
+			b = append(b, byte(v))
+			p.i += 6
+		default:
+			return "", false
+		}
+	}
+	return "", false
+}
+
+func (p *packedParser) int() (int64, bool) {
+	start := p.i
+	if p.i < len(p.s) && p.s[p.i] == '-' {
+		p.i++
+	}
+	for p.i < len(p.s) && p.s[p.i] >= '0' && p.s[p.i] <= '9' {
+		p.i++
+	}
+	v, err := strconv.ParseInt(p.s[start:p.i], 10, 64)
+	return v, err == nil
 }
 
 func byPosition(a, b *store.StepRun) int { return cmp.Compare(a.Position, b.Position) }

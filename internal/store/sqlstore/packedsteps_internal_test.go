@@ -62,13 +62,40 @@ func TestPackedStepsRoundTrip(t *testing.T) {
 				want = append(want, b)
 			}
 		}
-		got, err := unpackSteps("r", packSteps(steps))
+		packed := packSteps(steps)
+		got, all, err := unpackSteps("r", packed)
 		if err != nil {
-			t.Fatalf("unpack: %v\n%s", err, packSteps(steps))
+			t.Fatalf("unpack: %v\n%s", err, packed)
 		}
 		rw, rg := &runTx{run: &store.Run{}, steps: want}, &runTx{run: &store.Run{}, steps: got}
 		if a, b := runImage(rw), runImage(rg); a != b {
-			t.Fatalf("round trip:\nwant %s\ngot  %s\npacked %s", a, b, packSteps(steps))
+			t.Fatalf("round trip:\nwant %s\ngot  %s\npacked %s", a, b, packed)
+		}
+		if all != (len(want) == n) {
+			t.Fatalf("all steps in the row = %v, with %d of %d packable", all, len(want), n)
+		}
+		// The parser without reflection reads what encoding/json reads,
+		// or leaves it to it.
+		if packed == "" {
+			return
+		}
+		fast, fastCount, ok := parsePacked("r", packed)
+		slow, slowCount, err := decodePacked("r", packed)
+		if err != nil {
+			t.Fatalf("decodePacked: %v", err)
+		}
+		hasHeaders := false
+		for _, st := range want {
+			hasHeaders = hasHeaders || st.Headers != nil
+		}
+		if ok == hasHeaders {
+			t.Fatalf("parsePacked took it = %v, with headers %v:\n%s", ok, hasHeaders, packed)
+		}
+		if ok {
+			a, b := runImage(&runTx{run: &store.Run{}, steps: slow}), runImage(&runTx{run: &store.Run{}, steps: fast})
+			if a != b || fastCount != slowCount {
+				t.Fatalf("parsePacked differs from encoding/json:\njson   %s %d\nparsed %s %d\npacked %s", a, slowCount, b, fastCount, packed)
+			}
 		}
 	})
 }
@@ -99,5 +126,27 @@ func TestPackable(t *testing.T) {
 		if packable(st, 1) {
 			t.Errorf("a step with %s is packable", what)
 		}
+	}
+}
+
+// TestParsePackedRefuses: what the parser without reflection does not
+// read is left to encoding/json, never read wrongly.
+func TestParsePackedRefuses(t *testing.T) {
+	for _, packed := range []string{
+		`[{"n":"a","p":0,"t":"task","s":"x","e":"a\/b"}]`, // an escape appendEscaped does not write
+		`[{"n":"a","p":0,"t":"task","s":"x","e":"\u00e9"}]`,
+		`[{"n":"a","p":0,"t":"task","s":"x","h":{}}]`,
+		`[{"n":"a","p":0,"t":"task","s":"x","z":1}]`,
+		`[{"n":"a", "p":0}]`,
+		`[{"n":"a","p":0}] `,
+		`[{"n":"a","p":0,"x":false}]`,
+	} {
+		if _, _, ok := parsePacked("r", packed); ok {
+			t.Errorf("parsePacked took %s", packed)
+		}
+	}
+	got, _, err := unpackSteps("r", `[{"n":"a","p":0,"t":"task","s":"x","e":"a\/b\u00e9"}]`)
+	if err != nil || len(got) != 1 || got[0].Error != "a/bé" {
+		t.Errorf("unpackSteps through encoding/json = %v, %v", got, err)
 	}
 }

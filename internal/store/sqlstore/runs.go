@@ -568,7 +568,7 @@ func (s *Store) StepByToken(ctx context.Context, tok string) (string, string, er
 	if err != nil {
 		return "", "", err
 	}
-	inRow, err := unpackSteps(runID, packed)
+	inRow, _, err := unpackSteps(runID, packed)
 	if err != nil {
 		return "", "", err
 	}

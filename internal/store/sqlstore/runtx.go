@@ -146,12 +146,41 @@ func (s *Store) scanRunRows(ctx context.Context, tx querier, rows PipeRows, now 
 	return rows.Err()
 }
 
-// readSteps reads the steps of runs in out, in position order: their
-// step_runs rows and those their rows hold (runTx.packed).
+// readSteps reads the steps of runs in out, in position order: those
+// their rows hold (runTx.packed) and their step_runs rows, read only for
+// the runs whose row does not hold them all.
 func (s *Store) readSteps(ctx context.Context, tx querier, ids []string, out map[string]*runTx) error {
-	if len(ids) == 0 {
+	var rest []string
+	for _, id := range ids {
+		rt := out[id]
+		if rt == nil {
+			continue
+		}
+		packed, all, err := unpackSteps(id, rt.packed)
+		if err != nil {
+			return err
+		}
+		rt.steps = packed
+		if !all {
+			rest = append(rest, id)
+		}
+	}
+	if len(rest) == 0 {
 		return nil
 	}
+	rows := map[string][]*store.StepRun{}
+	if err := s.readStepRows(ctx, tx, rest, rows); err != nil {
+		return err
+	}
+	for id, r := range rows {
+		out[id].steps = mergeSteps(r, out[id].steps)
+	}
+	return nil
+}
+
+// readStepRows reads the step_runs rows of runs ids into rows, by run, in
+// position order.
+func (s *Store) readStepRows(ctx context.Context, tx querier, ids []string, out map[string][]*store.StepRun) error {
 	cond, args := s.inStrings("run_id", ids)
 	rows, err := tx.QueryContext(ctx, s.q(`SELECT `+stepCols+` FROM step_runs WHERE `+cond+` ORDER BY run_id, position`), args...)
 	if err != nil {
@@ -163,25 +192,9 @@ func (s *Store) readSteps(ctx context.Context, tx querier, ids []string, out map
 		if err != nil {
 			return err
 		}
-		if rt := out[st.RunID]; rt != nil {
-			rt.steps = append(rt.steps, st)
-		}
+		out[st.RunID] = append(out[st.RunID], st)
 	}
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	for _, id := range ids {
-		rt := out[id]
-		if rt == nil || rt.packed == "" {
-			continue
-		}
-		packed, err := unpackSteps(id, rt.packed)
-		if err != nil {
-			return err
-		}
-		rt.steps = mergeSteps(rt.steps, packed)
-	}
-	return nil
+	return rows.Err()
 }
 
 // lockOf qualifies the row lock to the runs table: FOR UPDATE on a join

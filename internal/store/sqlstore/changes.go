@@ -238,7 +238,9 @@ func (c *changeset) merge(o *changeset) {
 }
 
 // newRun adds a run with its steps, queue items, tasks and events.
-func (c *changeset) newRun(nr *store.NewRun, now time.Time) error {
+// short says whether the run's steps may be kept in its row (see
+// Store.shortRun).
+func (c *changeset) newRun(nr *store.NewRun, now time.Time, short bool) error {
 	r := &nr.Run
 	headers, err := headersJSON(r.TriggerHeaders)
 	if err != nil {
@@ -250,11 +252,11 @@ func (c *changeset) newRun(nr *store.NewRun, now time.Time) error {
 	}
 	for _, st := range nr.Steps {
 		st.RunID = r.ID
-		if !packable(st, len(nr.Steps)) {
+		if !packable(st, short) {
 			c.newSteps = append(c.newSteps, st)
 		}
 	}
-	c.newRuns = append(c.newRuns, []any{r.ID, r.WorkflowID, r.Version, r.Status, string(r.Input), string(headers), nullStr(r.IdempotencyKey), r.Error, seq, ts(r.ExpiresAt), ts(r.StartedAt), tsPtr(r.FinishedAt), ts(now), packSteps(nr.Steps)})
+	c.newRuns = append(c.newRuns, []any{r.ID, r.WorkflowID, r.Version, r.Status, string(r.Input), string(headers), nullStr(r.IdempotencyKey), r.Error, seq, ts(r.ExpiresAt), ts(r.StartedAt), tsPtr(r.FinishedAt), ts(now), packSteps(nr.Steps, short)})
 	for _, it := range nr.Queue {
 		if it.Kind == store.KindRunExpire {
 			return fmt.Errorf("run %s: %w", r.ID, store.ErrExpiryNotQueued)
@@ -765,15 +767,15 @@ func (s *Store) flushParts(c *changeset) ([]part, func() []part) {
 	var stepRows, upserts [][]any
 	var written map[[2]string]*store.StepRun
 	if len(c.steps) > 0 {
-		count := make(map[string]int, len(c.runs))
+		short := make(map[string]bool, len(c.runs))
 		for _, r := range c.runs {
-			count[r.run.ID] = len(r.steps)
+			short[r.run.ID] = s.shortRun(len(r.steps))
 		}
 		written = make(map[[2]string]*store.StepRun, len(c.steps))
 		for _, st := range c.steps {
 			written[stepKey(st)] = st
 			switch {
-			case packable(st, count[st.RunID]):
+			case packable(st, short[st.RunID]):
 			case c.stepRows[stepKey(st)]:
 				stepRows = append(stepRows, append([]any{st.RunID, st.Name}, stepArgs(st)...))
 			default:
@@ -790,7 +792,7 @@ func (s *Store) flushParts(c *changeset) ([]part, func() []part) {
 	if len(c.runs) > 0 {
 		var rows, seqOnly [][]any
 		for _, r := range c.runs {
-			packed := packSteps(r.committedSteps(written))
+			packed := packSteps(r.committedSteps(written), s.shortRun(len(r.steps)))
 			if s.cache != nil && r.base != nil && r.base.run.Status == r.run.Status && r.base.run.Error == r.run.Error && timePtrEqual(r.base.run.FinishedAt, r.run.FinishedAt) {
 				seqOnly = append(seqOnly, []any{r.run.ID, ts(r.updatedAt), r.seq, packed, rowEvents[r.run.ID]})
 			} else {

@@ -18,34 +18,27 @@ import (
 // 0015) rather than in step_runs: every write of a step also writes its
 // run's row (UpdateStep marks the run, for the version cache), so a step
 // row was a second row version, and an index entry, for each change of a
-// step. Only runs of up to runRowSteps steps keep them there, and only
-// steps that are packable; the others (a webhook wait's callback token,
-// which step_runs_token finds; a large output; every step of a longer
-// run) are step_runs rows as before. Where a step lives is a function of
-// its state and its run's step count alone, so nothing records it: a step
-// that stops being packable is upserted into step_runs, and one that
-// becomes packable again leaves a stale row behind, which every reader
-// ignores because the run row's copy wins (mergeSteps).
-
-// runRowSteps: only runs of at most this many steps keep them in their
-// row, which every update of the run rewrites whole. Ten steps made the
-// row of a chain10 run pass the ≈2 KB at which Postgres compresses it on
-// every write, and its updates then cost more than the step rows they
-// saved (statement time +9 % in chain10, measured); up to four small
-// steps and a run's own events stay under it.
-const runRowSteps = 4
+// step. Only runs of up to Dialect.RunRowSteps steps keep them there
+// (Store.shortRun), and only steps that are packable; the others (a
+// webhook wait's callback token, which step_runs_token finds; a large
+// output; every step of a longer run) are step_runs rows as before.
+// Where a step lives is a function of its state and its run's step count
+// alone, so nothing records it: a step that stops being packable is
+// upserted into step_runs, and one that becomes packable again leaves a
+// stale row behind, which every reader ignores because the run row's
+// copy wins (mergeSteps).
 
 // stepRowBytes bounds the variable parts of a step kept in the run row
 // (request, output, error, headers): a task step's request and a small
 // result fit; a large output goes to step_runs, once.
 const stepRowBytes = 256
 
-// packable says whether st, a step of a run of this many steps, is kept
-// in its run's row. Strings must be
+// packable says whether st, a step of a run that is short or not (see
+// Store.shortRun), is kept in its run's row. Strings must be
 // valid UTF-8 to come back byte for byte from the row's JSON (a step_runs
 // row keeps any bytes).
-func packable(st *store.StepRun, steps int) bool {
-	if st.CallbackToken != "" || steps > runRowSteps {
+func packable(st *store.StepRun, short bool) bool {
+	if !short || st.CallbackToken != "" {
 		return false
 	}
 	n := len(st.Body) + len(st.Request) + len(st.Error)
@@ -74,14 +67,14 @@ func packable(st *store.StepRun, steps int) bool {
 // When every step of the run is there, the first carries the run's step
 // count ("N"): a reader then knows the run has no step_runs row to read
 // (a stale one is of a step the row holds, and the row's copy wins).
-func packSteps(steps []*store.StepRun) string {
+func packSteps(steps []*store.StepRun, short bool) string {
 	var b []byte
 	all := true
 	for _, st := range steps {
-		all = all && packable(st, len(steps))
+		all = all && packable(st, short)
 	}
 	for _, st := range steps {
-		if !packable(st, len(steps)) {
+		if !packable(st, short) {
 			continue
 		}
 		count := 0

@@ -161,7 +161,7 @@ func (s *Store) createRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 	add := func(cs *changeset) error {
 		for _, i := range todo {
 			if !stale[i] {
-				if err := cs.newRun(nrs[i], now); err != nil {
+				if err := cs.newRun(nrs[i], now, s.shortRun(len(nrs[i].Steps))); err != nil {
 					return err
 				}
 			}

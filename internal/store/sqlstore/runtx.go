@@ -299,7 +299,7 @@ func (t *runTx) hadRow(name string) bool {
 	}
 	for i := range t.base.steps {
 		if b := &t.base.steps[i]; b.Name == name {
-			return !packable(b, len(t.base.steps))
+			return !packable(b, t.s.shortRun(len(t.base.steps)))
 		}
 	}
 	return false

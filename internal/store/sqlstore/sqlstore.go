@@ -50,7 +50,15 @@ type Dialect struct {
 	// pipelined transaction run its prepared statements on generic plans
 	// (see pipeline.go).
 	Generic string
+	// RunRowSteps is the most steps a run may have and keep its small
+	// steps in its own row rather than in step_runs (see packedsteps.go);
+	// 0 keeps every step in step_runs.
+	RunRowSteps int
 }
+
+// shortRun says whether a run of this many steps keeps its small steps in
+// its row.
+func (s *Store) shortRun(steps int) bool { return steps <= s.d.RunRowSteps }
 
 // Store implements store.Store over database/sql.
 type Store struct {

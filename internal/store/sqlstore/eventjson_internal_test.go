@@ -77,7 +77,11 @@ func TestEncodeDataMatchesEncodingJSON(t *testing.T) {
 // nothing for events past the row's share.
 func TestRowEventsByOwner(t *testing.T) {
 	ev := func(owner string, seq int64, task bool) eventRow {
-		return eventRow{owner: owner, seq: seq, typ: fmt.Sprintf("%s.%d", owner, seq), at: seq, task: task}
+		rowCap := runEvents(1)
+		if task {
+			rowCap = taskRowEvents
+		}
+		return eventRow{owner: owner, seq: seq, typ: fmt.Sprintf("%s.%d", owner, seq), at: seq, cap: rowCap}
 	}
 	c := &changeset{events: []eventRow{
 		ev("run", 1, false), ev("run", 2, false), ev("task", 1, true), ev("run", 3, false),
@@ -97,5 +101,9 @@ func TestRowEventsByOwner(t *testing.T) {
 	}
 	if got := (&changeset{events: []eventRow{ev("task", 9, true)}}).rowEvents(); len(got) != 0 {
 		t.Fatalf("rowEvents of events past the row = %q, want none", got)
+	}
+	long := eventRow{owner: "long", seq: 1, typ: "run_started", cap: runEvents(runRowEventsSteps + 1)}
+	if got := (&changeset{events: []eventRow{long}}).rowEvents(); len(got) != 0 {
+		t.Fatalf("rowEvents of a long run's first event = %q, want none (its row holds its steps)", got)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -54,6 +55,7 @@ type cachedRun struct {
 	version   string // Postgres: the row's xmin when cached
 	run       store.Run
 	steps     []store.StepRun
+	inRow     map[string]bool // see runTx.inRow
 	seq       int64
 	updatedAt time.Time
 	size      int // bytes it holds, as counted against runCacheBytes
@@ -175,7 +177,7 @@ func (c *runCache) take(s *Store, ctx context.Context, tx querier, id string, no
 // runTx hands out copies of e, with e as their base.
 func (e *cachedRun) runTx(s *Store, ctx context.Context, tx querier, now time.Time) *runTx {
 	run := e.run
-	rt := &runTx{s: s, ctx: ctx, tx: tx, run: &run, now: now, seq: e.seq, updatedAt: e.updatedAt, steps: make([]*store.StepRun, len(e.steps)), base: e}
+	rt := &runTx{s: s, ctx: ctx, tx: tx, run: &run, now: now, seq: e.seq, updatedAt: e.updatedAt, steps: make([]*store.StepRun, len(e.steps)), base: e, inRow: e.inRow}
 	// One allocation for the copies, not one per step.
 	copies := slices.Clone(e.steps)
 	for i := range copies {
@@ -186,7 +188,7 @@ func (e *cachedRun) runTx(s *Store, ctx context.Context, tx querier, now time.Ti
 
 // baseOf is the private image of a run read from the tables.
 func baseOf(rt *runTx) *cachedRun {
-	e := &cachedRun{version: rt.version, run: *rt.run, seq: rt.seq, updatedAt: rt.updatedAt, steps: make([]store.StepRun, len(rt.steps))}
+	e := &cachedRun{version: rt.version, run: *rt.run, seq: rt.seq, updatedAt: rt.updatedAt, steps: make([]store.StepRun, len(rt.steps)), inRow: rt.inRow}
 	for i, st := range rt.steps {
 		e.steps[i] = *st
 	}
@@ -223,12 +225,13 @@ func (c *runCache) stage(runs map[string]*runTx, cs *changeset) {
 
 // writes indexes what a changeset wrote, by run.
 type writes struct {
-	runs  map[string]bool
-	steps map[[2]string]*store.StepRun
+	runs   map[string]bool
+	steps  map[[2]string]*store.StepRun
+	placed map[string]map[string]bool // see changeset.placed
 }
 
 func (cs *changeset) written() writes {
-	w := writes{runs: make(map[string]bool, len(cs.runs)), steps: make(map[[2]string]*store.StepRun, len(cs.steps))}
+	w := writes{runs: make(map[string]bool, len(cs.runs)), steps: make(map[[2]string]*store.StepRun, len(cs.steps)), placed: cs.placed}
 	for _, r := range cs.runs {
 		w.runs[r.run.ID] = true
 	}
@@ -251,6 +254,7 @@ func (w writes) persisted(e *cachedRun, rt *runTx) bool {
 		e.run.Status, e.run.Error, e.run.FinishedAt = r.Status, r.Error, dbTimePtr(r.FinishedAt)
 		e.updatedAt = dbTime(rt.updatedAt)
 		e.run.UpdatedAt, e.seq = e.updatedAt, rt.seq
+		e.inRow = w.placed[id]
 	}
 	for i := range e.steps {
 		b := &e.steps[i]
@@ -274,8 +278,8 @@ func (e *cachedRun) measure() bool {
 
 // created stages a run the request inserts, as the tables will return it,
 // so that its first outcome or wake-up needs no read.
-func (c *runCache) created(nr *store.NewRun, now time.Time) {
-	if e := createdEntry(nr, now); e != nil {
+func (c *runCache) created(nr *store.NewRun, now time.Time, short bool) {
+	if e := createdEntry(nr, now, short); e != nil {
 		c.staged[nr.Run.ID] = e
 	}
 }
@@ -284,7 +288,7 @@ func (c *runCache) created(nr *store.NewRun, now time.Time) {
 // nil when it is not to be cached. Only a run built from a workflow
 // checked inside the transaction is kept: the workflow's name is part of
 // the run as read. Terminal runs are not kept.
-func createdEntry(nr *store.NewRun, now time.Time) *cachedRun {
+func createdEntry(nr *store.NewRun, now time.Time, short bool) *cachedRun {
 	if nr.Workflow == nil || status.RunTerminal(nr.Run.Status) {
 		return nil
 	}
@@ -307,6 +311,12 @@ func createdEntry(nr *store.NewRun, now time.Time) *cachedRun {
 		b := &e.steps[i]
 		b.RunID, b.Name, b.Position, b.Type = r.ID, st.Name, st.Position, st.Type
 		overlayStep(b, st)
+		if packable(st, short) { // as changeset.newRun placed it
+			if e.inRow == nil {
+				e.inRow = make(map[string]bool, len(nr.Steps))
+			}
+			e.inRow[st.Name] = true
+		}
 	}
 	slices.SortStableFunc(e.steps, func(a, b store.StepRun) int { return a.Position - b.Position })
 	if !e.measure() {
@@ -403,6 +413,9 @@ func (s *Store) checkHits(ctx context.Context, tx querier, hits map[string]*runT
 		}
 		if g, w := runImage(got), runImage(want[id]); g != w {
 			return fmt.Errorf("run cache: run %s differs from the table:\ncache %s\ntable %s", id, g, w)
+		}
+		if g, w := got.inRow, want[id].inRow; !maps.Equal(g, w) {
+			return fmt.Errorf("run cache: run %s: steps in the run's row %v, the table's %v", id, g, w)
 		}
 	}
 	return nil

@@ -194,7 +194,7 @@ func (s *Store) createRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 				if s.cache != nil {
 					for _, i := range todo {
 						if !stale[i] {
-							s.cache.created(nrs[i], now)
+							s.cache.created(nrs[i], now, s.shortRun(len(nrs[i].Steps)))
 						}
 					}
 				}
@@ -218,7 +218,7 @@ func (s *Store) createRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 					if stale[i] {
 						continue
 					}
-					if e := createdEntry(nrs[i], now); e != nil {
+					if e := createdEntry(nrs[i], now, s.shortRun(len(nrs[i].Steps))); e != nil {
 						e.version = cs.xid
 						cs.cacheIDs, cs.cacheRuns = append(cs.cacheIDs, nrs[i].Run.ID), append(cs.cacheRuns, e)
 					}
@@ -484,8 +484,8 @@ func (s *Store) ListRuns(ctx context.Context, workflowID string, p store.Page) (
 }
 
 // ListEvents returns a run's or task's events after a sequence number.
-// A task's and a run's first events are in its row (see taskRowEvents and
-// runRowEvents), the rest and those written before migrations 0009 and
+// A task's and a run's first events are in its row (see taskRowEvents,
+// runRowEvents and runEvents), the rest and those written before migrations 0009 and
 // 0014 in the events table, where a row
 // may pack several (see eventRows) and is numbered by its last: one
 // statement reads both, so the page is a prefix of the log as of one

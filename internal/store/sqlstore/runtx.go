@@ -161,6 +161,12 @@ func (s *Store) readSteps(ctx context.Context, tx querier, ids []string, out map
 			return err
 		}
 		rt.steps = packed
+		if len(packed) > 0 {
+			rt.inRow = make(map[string]bool, len(packed))
+			for _, st := range packed {
+				rt.inRow[st.Name] = true
+			}
+		}
 		if !all {
 			rest = append(rest, id)
 		}
@@ -221,6 +227,9 @@ type runTx struct {
 	base      *cachedRun // the run as read; see runCache.stage
 	version   string     // Postgres: the row's xmin as read
 	packed    string     // runs.steps as read, until readSteps decodes it
+	// inRow names the steps whose committed state the run's row holds
+	// (the others are step_runs rows), as read; never changed in place.
+	inRow map[string]bool
 }
 
 // runSnap is a run's in-memory state before one request of a batch, to
@@ -282,27 +291,11 @@ func (t *runTx) UpdateStep(st *store.StepRun) error {
 	// stays as read.
 	st.RunID, st.Position, st.Type = t.run.ID, t.steps[i].Position, t.steps[i].Type
 	t.steps[i] = st
-	t.cs.step(st, t.hadRow(st.Name))
+	t.cs.step(st)
 	// The run's row is written with its steps: its version (Postgres's
 	// xmin) then tells whether any step changed (see versionCache).
 	t.cs.run(t)
 	return nil
-}
-
-// hadRow says whether the step has a step_runs row that is not stale:
-// whether its committed state (the base; t.steps may have been changed in
-// place) is not packable. Without a base it says false, and the step is
-// upserted.
-func (t *runTx) hadRow(name string) bool {
-	if t.base == nil {
-		return false
-	}
-	for i := range t.base.steps {
-		if b := &t.base.steps[i]; b.Name == name {
-			return !packable(b, t.s.shortRun(len(t.base.steps)))
-		}
-	}
-	return false
 }
 
 // committedSteps are the run's steps as the tables hold them once c is
@@ -359,7 +352,7 @@ func (t *runTx) Append(events ...store.NewEvent) error {
 		return nil
 	}
 	t.cs.run(t)
-	return t.cs.addEvents(t.run.ID, false, &t.seq, t.now, events)
+	return t.cs.addEvents(t.run.ID, runEvents(len(t.steps)), &t.seq, t.now, events)
 }
 
 // ---- queue ----

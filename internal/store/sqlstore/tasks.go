@@ -297,14 +297,14 @@ func (s *Store) lease(ctx context.Context, cs *changeset, cands []lockedTask, re
 		t.Reclaimed = t.Status == status.TaskLeased
 		if t.Reclaimed {
 			seq++
-			cs.events = append(cs.events, eventRow{owner: t.ID, seq: seq, typ: "lease_expired", data: mustJSON(map[string]any{"attempt": t.Attempt}), at: ts(now), task: true})
+			cs.events = append(cs.events, eventRow{owner: t.ID, seq: seq, typ: "lease_expired", data: mustJSON(map[string]any{"attempt": t.Attempt}), at: ts(now), cap: taskRowEvents})
 		}
 		lease := until // each task its own: callers may change one
 		t.Status, t.LeasedBy, t.LeaseToken, t.LeaseUntil = status.TaskLeased, req.WorkerID, tok, &lease
 		t.Attempt++
 		t.UpdatedAt = now
 		seq++
-		cs.events = append(cs.events, eventRow{owner: t.ID, seq: seq, typ: "claimed", data: mustJSON(map[string]any{"worker_id": req.WorkerID, "attempt": t.Attempt, "lease_until": until.UTC()}), at: ts(now), task: true})
+		cs.events = append(cs.events, eventRow{owner: t.ID, seq: seq, typ: "claimed", data: mustJSON(map[string]any{"worker_id": req.WorkerID, "attempt": t.Attempt, "lease_until": until.UTC()}), at: ts(now), cap: taskRowEvents})
 		cs.task(&taskTx{s: s, ctx: ctx, cs: cs, task: t, now: now, seq: seq})
 		out = append(out, t)
 	}
@@ -602,7 +602,7 @@ func (t *taskTx) AppendTask(events ...store.NewEvent) error {
 		return nil
 	}
 	t.cs.task(t)
-	return t.cs.addEvents(t.task.ID, true, &t.seq, t.now, events)
+	return t.cs.addEvents(t.task.ID, taskRowEvents, &t.seq, t.now, events)
 }
 
 // CreateTask adds a step's task to the run's transaction.

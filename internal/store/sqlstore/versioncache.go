@@ -111,7 +111,7 @@ func (s *Store) versionedSteps(ctx context.Context, tx querier, out map[string]*
 		}
 		// Only the steps come from the cache: the run as just read carries
 		// what a run row's version does not cover (its workflow's name).
-		b := &cachedRun{version: rt.version, run: *rt.run, seq: rt.seq, updatedAt: rt.updatedAt, steps: e.steps}
+		b := &cachedRun{version: rt.version, run: *rt.run, seq: rt.seq, updatedAt: rt.updatedAt, steps: e.steps, inRow: e.inRow}
 		cached := b.runTx(s, ctx, tx, now)
 		cached.version = rt.version
 		out[id], hits[id] = cached, cached

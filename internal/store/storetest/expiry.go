@@ -1,7 +1,6 @@
 package storetest
 
 import (
-	"database/sql"
 	"errors"
 	"fmt"
 	"sort"
@@ -239,17 +238,14 @@ func testExpiryFailure(t *testing.T, s store.Store) {
 // each run still expires once, at its expires_at.
 func testLegacyExpiryRows(t *testing.T, s store.Store) {
 	ctx := t.Context()
-	raw, ok := s.(interface{ DB() *sql.DB })
-	if !ok {
-		t.Skip("the store exposes no database handle")
-	}
+	raw := rawDB(t, s)
 	wf := mkWorkflow(t, s, "wf")
 	r := expiringRun(t, s, wf, status.RunRunning, at(3*time.Second))
 	for _, q := range []string{
 		fmt.Sprintf(`INSERT INTO queue (kind, run_id, step, attempt, due_at) VALUES ('run_expire', '%s', '', 0, %d)`, r.ID, r.ExpiresAt.UnixMicro()),
 		`DELETE FROM ferry_migrations WHERE version = 7`,
 	} {
-		if _, err := raw.DB().ExecContext(ctx, q); err != nil {
+		if _, err := raw.ExecContext(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}

@@ -25,6 +25,7 @@ var inRunTests = []test{
 	{"SerialisesConcurrentCallers", testInRunSerialises},
 	{"SmallStepsInTheRunRow", testStepsInRunRow},
 	{"StepsWrittenBeforeTheRowHeldThem", testStepsLegacy},
+	{"StepsPlacedByAnotherBuild", testStepsPlacedElsewhere},
 }
 
 func testInRunSees(t *testing.T, s store.Store) {
@@ -420,11 +421,11 @@ func testStepsInRunRow(t *testing.T, s store.Store) {
 	shrunk := grown
 	shrunk.Body, shrunk.Attempt = []byte(`{"ok":true}`), 3
 	update(4, shrunk)
-	check("the step shrunk again (its step_runs row is stale)", []string{"big", "bytes", "small", "tok"})
+	check("the step shrunk again (its step_runs row deleted)", []string{"big", "bytes", "tok"})
 	regrown := shrunk
 	regrown.Body, regrown.Error = big, "again"
 	update(5, regrown)
-	check("the step grown again (its stale row written over)", []string{"big", "bytes", "small", "tok"})
+	check("the step grown again", []string{"big", "bytes", "small", "tok"})
 	bytes := *want[3]
 	bytes.Status, bytes.Error = status.StepFailed, "boom"
 	update(6, bytes)
@@ -432,7 +433,7 @@ func testStepsInRunRow(t *testing.T, s store.Store) {
 	bigSmall := *want[1]
 	bigSmall.Body = nil
 	update(7, bigSmall)
-	check("the big step emptied", []string{"big", "bytes", "small", "tok"})
+	check("the big step emptied", []string{"bytes", "small", "tok"})
 
 	// The runtime changes the step tx.Step returns and passes it back:
 	// where the step was is what the store read, not the object it gave.
@@ -456,6 +457,7 @@ func testStepsInRunRow(t *testing.T, s store.Store) {
 	inPlace(8, "big", func(st *store.StepRun) { st.Body, st.Attempt = big, 4 }, true)
 	check("the emptied step grown in place", []string{"big", "bytes", "small", "tok"})
 	inPlace(9, "big", func(st *store.StepRun) { st.Body = nil }, true)
+	check("a step emptied in place", []string{"bytes", "small", "tok"})
 	inPlace(10, "big", func(st *store.StepRun) { st.Body, st.Error = big, "in place" }, true)
 	check("a step grown in place after it had shrunk", []string{"big", "bytes", "small", "tok"})
 	inPlace(11, "small", func(st *store.StepRun) { st.Status = "changed but never written" }, false)
@@ -483,10 +485,7 @@ func testStepsInRunRow(t *testing.T, s store.Store) {
 // before runs held any (runs.steps empty) reads the same, and its next
 // write moves its small steps into its row.
 func testStepsLegacy(t *testing.T, s store.Store) {
-	raw, ok := s.(interface{ DB() *sql.DB })
-	if !ok {
-		t.Skip("the store exposes no database handle")
-	}
+	raw := rawDB(t, s)
 	ctx := t.Context()
 	wf := mkWorkflow(t, s, "wf")
 	r := mkSimpleRun(t, s, wf)
@@ -496,7 +495,7 @@ func testStepsLegacy(t *testing.T, s store.Store) {
 		qs = append(qs, fmt.Sprintf(`INSERT INTO step_runs (run_id, name, position, type, status) VALUES ('%s', '%s', %d, '%s', '%s')`, r.ID, st.Name, st.Position, st.Type, st.Status))
 	}
 	for _, q := range qs {
-		if _, err := raw.DB().ExecContext(ctx, q); err != nil {
+		if _, err := raw.ExecContext(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
@@ -508,8 +507,55 @@ func testStepsLegacy(t *testing.T, s store.Store) {
 	_, got = getRun(t, s, r.ID)
 	diff(t, "after an update", []*store.StepRun{before[0], &b}, got)
 	var packed string
-	must(t, raw.DB().QueryRowContext(ctx, fmt.Sprintf(`SELECT steps FROM runs WHERE id = '%s'`, r.ID)).Scan(&packed), "read runs.steps")
+	must(t, raw.QueryRowContext(ctx, fmt.Sprintf(`SELECT steps FROM runs WHERE id = '%s'`, r.ID)).Scan(&packed), "read runs.steps")
 	if !strings.Contains(packed, `"n":"a"`) || !strings.Contains(packed, `"n":"b"`) {
 		t.Errorf("runs.steps after the run's next write = %q, want both steps in it", packed)
 	}
+	diff(t, "step_runs rows after the steps moved into the run's row", []string{}, stepRowNames(t, s, r.ID))
+}
+
+// testStepsPlacedElsewhere: a run whose row holds steps that this store
+// would keep in step_runs (written by a build that kept more steps in a
+// run's row) reads whole, and its next write moves every such step into
+// step_runs, the ones it did not change too: none is lost.
+func testStepsPlacedElsewhere(t *testing.T, s store.Store) {
+	raw := rawDB(t, s)
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	var steps []*store.StepRun
+	var names, packed []string
+	for i := range 20 {
+		name := fmt.Sprintf("s%02d", i)
+		steps = append(steps, &store.StepRun{Name: name, Position: i, Type: "task", Status: status.StepPending})
+		names = append(names, name)
+		n := ""
+		if i == 0 {
+			n = `"N":20,`
+		}
+		packed = append(packed, fmt.Sprintf(`{%s"n":"%s","p":%d,"t":"task","s":"pending"}`, n, name, i))
+	}
+	r := mkRun(t, s, &store.NewRun{Run: baseRun(wf, ""), Steps: steps})
+	_, before := getRun(t, s, r.ID)
+	for _, q := range []string{
+		fmt.Sprintf(`UPDATE runs SET steps = '[%s]' WHERE id = '%s'`, strings.Join(packed, ","), r.ID),
+		fmt.Sprintf(`DELETE FROM step_runs WHERE run_id = '%s'`, r.ID),
+	} {
+		if _, err := raw.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	// A write the run caches cannot have seen: forget what they hold.
+	_, err := s.UpdateWorkflow(ctx, wf.ID, &store.Workflow{Name: "wf-renamed", Fingerprint: wf.Fingerprint + "-renamed", Definition: wf.Definition, Enabled: true})
+	must(t, err, "UpdateWorkflow")
+	diff(t, "steps placed by another build", []string{}, stepRowNames(t, s, r.ID))
+	_, got := getRun(t, s, r.ID)
+	diff(t, "the run's steps as read", before, got)
+	st := *before[5]
+	st.Status, st.StartedAt = status.StepRunning, ptr(at(time.Second))
+	inRun(t, s, r.ID, at(time.Second), func(tx store.RunTx) error { return tx.UpdateStep(&st) })
+	want := append([]*store.StepRun(nil), before...)
+	want[5] = &st
+	_, got = getRun(t, s, r.ID)
+	diff(t, "the run's steps after one was written", want, got)
+	diff(t, "steps with a step_runs row after the write", names, stepRowNames(t, s, r.ID))
 }

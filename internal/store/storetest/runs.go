@@ -24,6 +24,7 @@ var runTests = []test{
 	{"ListEventsAfterSeqAndLimit", testListEventsPaging},
 	{"ListEventsOfLargeTransactionsEveryPage", testListEventsLargeTx},
 	{"RunEventsFirstInTheRunRow", testRunEventsInRow},
+	{"LongRunEventsInTheEventsTable", testLongRunEvents},
 	{"RunEventsWrittenBeforeTheRowHeldThem", testRunEventsLegacy},
 	{"StepByToken", testStepByToken},
 	{"CallbackTokenUnique", testCallbackTokenUnique},
@@ -584,10 +585,7 @@ func testListEventsLargeTx(t *testing.T, s store.Store) {
 // transaction wrote them; the log reads the same either way (the paging
 // tests above).
 func testRunEventsInRow(t *testing.T, s store.Store) {
-	raw, ok := s.(interface{ DB() *sql.DB })
-	if !ok {
-		t.Skip("the store exposes no database handle")
-	}
+	raw := rawDB(t, s)
 	wf := mkWorkflow(t, s, "wf")
 	r := mkRun(t, s, &store.NewRun{Run: baseRun(wf, ""), Events: []store.NewEvent{{Type: "run_started"}, {Type: "step_started", Step: "a"}}})
 	for i, n := range []int{2, 5, 4} { // seqs 3–4, 5–9 (across the row's end), 10–13
@@ -600,12 +598,32 @@ func testRunEventsInRow(t *testing.T, s store.Store) {
 	diff(t, "seqs", seqRange(1, 13), seqs(events(t, s, r.ID)))
 	ctx := t.Context()
 	var inRow string
-	must(t, raw.DB().QueryRowContext(ctx, fmt.Sprintf(`SELECT events FROM runs WHERE id = '%s'`, r.ID)).Scan(&inRow), "read the run's row")
+	must(t, raw.QueryRowContext(ctx, fmt.Sprintf(`SELECT events FROM runs WHERE id = '%s'`, r.ID)).Scan(&inRow), "read the run's row")
 	diff(t, "events in the run's row", 8, strings.Count(inRow, `{"seq":`))
 	var minSeq, rows int64
-	must(t, raw.DB().QueryRowContext(ctx, fmt.Sprintf(`SELECT COALESCE(MIN(seq), 0), COUNT(*) FROM events WHERE run_id = '%s'`, r.ID)).Scan(&minSeq, &rows), "read the events table")
+	must(t, raw.QueryRowContext(ctx, fmt.Sprintf(`SELECT COALESCE(MIN(seq), 0), COUNT(*) FROM events WHERE run_id = '%s'`, r.ID)).Scan(&minSeq, &rows), "read the events table")
 	if rows == 0 || minSeq <= 8 {
 		t.Errorf("events table rows of the run: %d, the first numbered %d; want some, all past 8", rows, minSeq)
+	}
+}
+
+// testLongRunEvents: a run of more than four steps keeps its row for its
+// steps: none of its events go there, and its log reads whole and in
+// order, by page.
+func testLongRunEvents(t *testing.T, s store.Store) {
+	wf := mkWorkflow(t, s, "wf")
+	var steps []*store.StepRun
+	for i := range 5 {
+		steps = append(steps, &store.StepRun{Name: fmt.Sprintf("s%d", i), Position: i, Type: "task", Status: status.StepPending})
+	}
+	r := mkRun(t, s, &store.NewRun{Run: baseRun(wf, ""), Steps: steps, Events: []store.NewEvent{{Type: "run_started"}, {Type: "step_started", Step: "s0"}}})
+	appendNineEvents(t, s, r.ID)
+	if raw, ok := s.(interface{ DB() *sql.DB }); ok {
+		var inRow string
+		must(t, raw.DB().QueryRowContext(t.Context(), fmt.Sprintf(`SELECT events FROM runs WHERE id = '%s'`, r.ID)).Scan(&inRow), "read the run's row")
+		if inRow != "" {
+			t.Errorf("events in a long run's row = %q, want none", inRow)
+		}
 	}
 }
 
@@ -613,10 +631,7 @@ func testRunEventsInRow(t *testing.T, s store.Store) {
 // table (before migration 14) gains new ones in its row while they are
 // among its first eight, and its log reads whole and in order, by page.
 func testRunEventsLegacy(t *testing.T, s store.Store) {
-	raw, ok := s.(interface{ DB() *sql.DB })
-	if !ok {
-		t.Skip("the store exposes no database handle")
-	}
+	raw := rawDB(t, s)
 	ctx := t.Context()
 	wf := mkWorkflow(t, s, "wf")
 	r := mkRun(t, s, &store.NewRun{Run: baseRun(wf, ""), Events: []store.NewEvent{{Type: "run_started", Data: map[string]any{"n": 1}}, {Type: "step_started", Step: "a"}}})
@@ -633,21 +648,29 @@ func testRunEventsLegacy(t *testing.T, s store.Store) {
 		qs = append(qs, fmt.Sprintf(`INSERT INTO events (run_id, seq, type, step, data, at) VALUES ('%s', %d, '%s', '%s', %s, %d)`, r.ID, e.Seq, e.Type, e.Step, data, e.At.UnixMicro()))
 	}
 	for _, q := range qs {
-		if _, err := raw.DB().ExecContext(ctx, q); err != nil {
+		if _, err := raw.ExecContext(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
 	diff(t, "the legacy log", before, events(t, s, r.ID))
-	for i := range 3 { // seqs 3–5 and 6–8 in the row, 9–11 past it
+	appendNineEvents(t, s, r.ID) // seqs 3–5 and 6–8 in the row, 9–11 past it
+}
+
+// appendNineEvents appends three transactions of three events to a run
+// that has two, and checks that its log reads whole and in order, by
+// pages of every size.
+func appendNineEvents(t *testing.T, s store.Store, runID string) {
+	t.Helper()
+	for i := range 3 {
 		evs := []store.NewEvent{{Type: "a"}, {Type: "b", Step: "s"}, {Type: "c", Data: map[string]any{"i": i}}}
-		inRun(t, s, r.ID, at(time.Duration(i+1)*time.Second), func(tx store.RunTx) error { return tx.Append(evs...) })
+		inRun(t, s, runID, at(time.Duration(i+1)*time.Second), func(tx store.RunTx) error { return tx.Append(evs...) })
 	}
-	all := events(t, s, r.ID)
+	all := events(t, s, runID)
 	diff(t, "seqs", seqRange(1, 11), seqs(all))
 	diff(t, "types", []string{"run_started", "step_started", "a", "b", "c", "a", "b", "c", "a", "b", "c"}, eventTypes(all))
 	for after := 0; after <= len(all); after++ {
 		for _, lim := range []int{1, 2, 3, 7} {
-			got, err := s.ListEvents(ctx, r.ID, int64(after), lim)
+			got, err := s.ListEvents(t.Context(), runID, int64(after), lim)
 			must(t, err, "ListEvents")
 			diff(t, fmt.Sprintf("page after %d, limit %d", after, lim), seqs(all[after:min(after+lim, len(all))]), seqs(got))
 		}

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -244,4 +245,15 @@ func keysFor(runID string, items ...store.QueueItem) []queueKey {
 func inRun(t *testing.T, s store.Store, runID string, now time.Time, fn func(tx store.RunTx) error) {
 	t.Helper()
 	must(t, s.InRun(t.Context(), runID, now, fn), "InRun")
+}
+
+// rawDB is the store's database handle, for tests that look at or change
+// its tables directly; the test is skipped when the store exposes none.
+func rawDB(t *testing.T, s store.Store) *sql.DB {
+	t.Helper()
+	raw, ok := s.(interface{ DB() *sql.DB })
+	if !ok {
+		t.Skip("the store exposes no database handle")
+	}
+	return raw.DB()
 }

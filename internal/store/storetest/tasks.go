@@ -1,7 +1,6 @@
 package storetest
 
 import (
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -1274,10 +1273,7 @@ func testCancelTasksPastRow(t *testing.T, s store.Store) {
 // log in order; the migration moves nothing.
 func testTaskEventsLegacy(t *testing.T, s store.Store) {
 	ctx := t.Context()
-	raw, ok := s.(interface{ DB() *sql.DB })
-	if !ok {
-		t.Skip("the store exposes no database handle")
-	}
+	raw := rawDB(t, s)
 	k := mkTask(t, s, newTask("legacy.v1", t0), t0)
 	before := events(t, s, k.ID)
 	if len(before) != 1 {
@@ -1287,7 +1283,7 @@ func testTaskEventsLegacy(t *testing.T, s store.Store) {
 		fmt.Sprintf(`UPDATE tasks SET events = '' WHERE id = '%s'`, k.ID),
 		fmt.Sprintf(`INSERT INTO events (run_id, seq, type, step, data, at) VALUES ('%s', 1, 'created', '', '%s', %d)`, k.ID, before[0].Data, t0.UnixMicro()),
 	} {
-		if _, err := raw.DB().ExecContext(ctx, q); err != nil {
+		if _, err := raw.ExecContext(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}

@@ -68,18 +68,19 @@ const taskRowEvents = 8
 // run does not grow the row every one of its updates rewrites.
 const runRowEvents = 8
 
-// runRowEventsSteps: a run of more than this many steps keeps none of its
-// events in its row. Its row holds its steps instead (see packedsteps.go),
-// and both would make it pass the ≈2 KB at which Postgres compresses a
-// row at every write; a chain10 run's steps in its row, its events in
-// event rows, cost Postgres ≈17 % less statement time than step rows and
-// events in the run's row.
+// runRowEventsSteps: a run of more than this many steps that keeps its
+// steps in its row keeps none of its events there. Both would make its
+// row pass the ≈2 KB at which Postgres compresses a row at every write; a
+// chain10 run's steps in its row, its events in event rows, cost
+// Postgres ≈17 % less statement time than step rows and events in the
+// run's row.
 const runRowEventsSteps = 4
 
 // runEvents is how many of its events the row of a run of this many
-// steps holds.
-func runEvents(steps int) int64 {
-	if steps > runRowEventsSteps {
+// steps holds; short says whether the run keeps its steps in its row
+// (Store.shortRun): a longer run's row has room for its events.
+func runEvents(steps int, short bool) int64 {
+	if short && steps > runRowEventsSteps {
 		return 0
 	}
 	return runRowEvents
@@ -263,7 +264,7 @@ func (c *changeset) newRun(nr *store.NewRun, now time.Time, short bool) error {
 		return err
 	}
 	var seq int64
-	if err := c.addEvents(r.ID, runEvents(len(nr.Steps)), &seq, now, nr.Events); err != nil {
+	if err := c.addEvents(r.ID, runEvents(len(nr.Steps), short), &seq, now, nr.Events); err != nil {
 		return err
 	}
 	for _, st := range nr.Steps {

@@ -77,7 +77,7 @@ func TestEncodeDataMatchesEncodingJSON(t *testing.T) {
 // nothing for events past the row's share.
 func TestRowEventsByOwner(t *testing.T) {
 	ev := func(owner string, seq int64, task bool) eventRow {
-		rowCap := runEvents(1)
+		rowCap := runEvents(1, true)
 		if task {
 			rowCap = taskRowEvents
 		}
@@ -102,8 +102,11 @@ func TestRowEventsByOwner(t *testing.T) {
 	if got := (&changeset{events: []eventRow{ev("task", 9, true)}}).rowEvents(); len(got) != 0 {
 		t.Fatalf("rowEvents of events past the row = %q, want none", got)
 	}
-	long := eventRow{owner: "long", seq: 1, typ: "run_started", cap: runEvents(runRowEventsSteps + 1)}
+	long := eventRow{owner: "long", seq: 1, typ: "run_started", cap: runEvents(runRowEventsSteps+1, true)}
 	if got := (&changeset{events: []eventRow{long}}).rowEvents(); len(got) != 0 {
 		t.Fatalf("rowEvents of a long run's first event = %q, want none (its row holds its steps)", got)
+	}
+	if runEvents(runRowEventsSteps+1, false) != runRowEvents {
+		t.Fatal("a run whose steps are not in its row has no room for its events")
 	}
 }

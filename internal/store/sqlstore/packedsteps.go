@@ -22,11 +22,13 @@ import (
 // (Store.shortRun), and only steps that are packable; the others (a
 // webhook wait's callback token, which step_runs_token finds; a large
 // output; every step of a longer run) are step_runs rows as before.
-// Where a step lives is a function of its state and its run's step count
-// alone, so nothing records it: a step that stops being packable is
-// upserted into step_runs, and one that becomes packable again leaves a
-// stale row behind, which every reader ignores because the run row's
-// copy wins (mergeSteps).
+// Where a step belongs is a function of its state and its run's step
+// count; where it is, is what it was read from (runTx.inRow), and each
+// write of the run moves every step where it belongs (flushParts): out
+// of the row by an upsert, into it by deleting its step_runs row. Stale
+// rows left by earlier builds are ignored, the run row's copy winning
+// (mergeSteps). Steps move both ways, so a read outside the run's lock
+// reads both places in one snapshot (GetRun).
 
 // stepRowBytes bounds the variable parts of a step kept in the run row
 // (request, output, error, headers): a task step's request and a small

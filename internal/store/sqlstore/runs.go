@@ -430,11 +430,20 @@ func (s *Store) runsByID(ctx context.Context, ids []string) (map[string]*store.R
 
 // GetRun returns a run and its steps in definition order.
 func (s *Store) GetRun(ctx context.Context, id string) (*store.Run, []*store.StepRun, error) {
-	// The run's row is read before its step rows: a step leaves the row
-	// only for a step_runs row written in the same transaction, so a
-	// later read of the rows finds it (see packedsteps.go).
+	// The run's row and its step rows are read in one snapshot: a write
+	// moves steps between them both ways (see packedsteps.go), and two
+	// reads on their own could each miss a step that moved in between.
+	opts := &sql.TxOptions{ReadOnly: true}
+	if s.postgres() {
+		opts.Isolation = sql.LevelRepeatableRead
+	}
+	tx, err := s.r.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer tx.Rollback()
 	var packed string
-	run, err := scanRun(scanTail{s.r.QueryRowContext(ctx, s.q(`SELECT `+runCols+`, r.steps FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE r.id = ?`), id), []any{&packed}})
+	run, err := scanRun(scanTail{tx.QueryRowContext(ctx, s.q(`SELECT `+runCols+`, r.steps FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE r.id = ?`), id), []any{&packed}})
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil, fmt.Errorf("run %q: %w", id, store.ErrNotFound)
 	}
@@ -442,10 +451,10 @@ func (s *Store) GetRun(ctx context.Context, id string) (*store.Run, []*store.Ste
 		return nil, nil, err
 	}
 	rt := &runTx{run: run, packed: packed}
-	if err := s.readSteps(ctx, s.r, []string{id}, map[string]*runTx{id: rt}); err != nil {
+	if err := s.readSteps(ctx, tx, []string{id}, map[string]*runTx{id: rt}); err != nil {
 		return nil, nil, err
 	}
-	return run, rt.steps, nil
+	return run, rt.steps, tx.Commit()
 }
 
 // ListRuns pages a workflow's runs, newest first (ids are time-ordered).

@@ -352,7 +352,7 @@ func (t *runTx) Append(events ...store.NewEvent) error {
 		return nil
 	}
 	t.cs.run(t)
-	return t.cs.addEvents(t.run.ID, runEvents(len(t.steps)), &t.seq, t.now, events)
+	return t.cs.addEvents(t.run.ID, runEvents(len(t.steps), t.s.shortRun(len(t.steps))), &t.seq, t.now, events)
 }
 
 // ---- queue ----

@@ -26,6 +26,7 @@ var inRunTests = []test{
 	{"SmallStepsInTheRunRow", testStepsInRunRow},
 	{"StepsWrittenBeforeTheRowHeldThem", testStepsLegacy},
 	{"StepsPlacedByAnotherBuild", testStepsPlacedElsewhere},
+	{"GetRunWhileStepsMove", testGetRunWhileStepsMove},
 }
 
 func testInRunSees(t *testing.T, s store.Store) {
@@ -558,4 +559,45 @@ func testStepsPlacedElsewhere(t *testing.T, s store.Store) {
 	_, got = getRun(t, s, r.ID)
 	diff(t, "the run's steps after one was written", want, got)
 	diff(t, "steps with a step_runs row after the write", names, stepRowNames(t, s, r.ID))
+}
+
+// testGetRunWhileStepsMove: a step that moves between the run's row and
+// step_runs (a callback token set, then cleared) while GetRun reads the
+// run is always read, from one place or the other.
+func testGetRunWhileStepsMove(t *testing.T, s store.Store) {
+	wf := mkWorkflow(t, s, "wf")
+	r := mkSimpleRun(t, s, wf)
+	done := make(chan error, 1)
+	go func() {
+		for i := range 150 {
+			for _, tok := range []string{fmt.Sprintf("tok-move-%s-%d", r.ID, i), ""} {
+				err := s.InRun(t.Context(), r.ID, at(time.Second), func(tx store.RunTx) error {
+					st := *tx.Step("b")
+					st.CallbackToken = tok
+					return tx.UpdateStep(&st)
+				})
+				if err != nil {
+					done <- err
+					return
+				}
+			}
+		}
+		done <- nil
+	}()
+	for reads := 0; ; reads++ {
+		select {
+		case err := <-done:
+			must(t, err, "InRun moving step b")
+			if reads == 0 {
+				t.Log("no read overlapped the moves")
+			}
+			return
+		default:
+		}
+		_, steps, err := s.GetRun(t.Context(), r.ID)
+		must(t, err, "GetRun")
+		if len(steps) != 2 {
+			t.Fatalf("read %d: GetRun returned %d steps, want 2", reads, len(steps))
+		}
+	}
 }

@@ -286,64 +286,7 @@ func parsePacked(runID, s string) (out []*store.StepRun, count int, ok bool) {
 		st := &sts[len(sts)-1]
 		for {
 			key, ok := p.str()
-			if !ok || len(key) != 1 || !p.byte(':') {
-				return nil, 0, false
-			}
-			switch key[0] {
-			case 'n', 't', 's', 'e', 'q', 'b':
-				v, ok := p.str()
-				if !ok {
-					return nil, 0, false
-				}
-				switch key[0] {
-				case 'n':
-					st.Name = v
-				case 't':
-					st.Type = v
-				case 's':
-					st.Status = v
-				case 'e':
-					st.Error = v
-				case 'q':
-					st.Request = json.RawMessage(v)
-				case 'b':
-					st.Body = []byte(v)
-				}
-			case 'N', 'p', 'a', 'c', 'd', 'w', 'r', 'f':
-				v, ok := p.int()
-				if !ok {
-					return nil, 0, false
-				}
-				switch key[0] {
-				case 'N':
-					count = int(v)
-				case 'p':
-					st.Position = int(v)
-				case 'a':
-					st.Attempt = int(v)
-				case 'c':
-					c := int(v)
-					st.StatusCode = &c
-				case 'd':
-					st.DurationMS = &v
-				case 'w':
-					st.WakeAt = packedTime(&v)
-				case 'r':
-					st.StartedAt = packedTime(&v)
-				case 'f':
-					st.FinishedAt = packedTime(&v)
-				}
-			case 'x', 'l':
-				if !strings.HasPrefix(p.s[p.i:], "true") {
-					return nil, 0, false
-				}
-				p.i += 4
-				if key[0] == 'x' {
-					st.Truncated = true
-				} else {
-					st.Blocked = true
-				}
-			default: // headers, or a key this reader does not know
+			if !ok || len(key) != 1 || !p.byte(':') || !p.field(st, key[0], &count) {
 				return nil, 0, false
 			}
 			if p.byte('}') {
@@ -368,6 +311,72 @@ func parsePacked(runID, s string) (out []*store.StepRun, count int, ok bool) {
 		out[i] = &sts[i]
 	}
 	return out, count, true
+}
+
+// field reads the value of st's field named key (count for "N"); it
+// reports false for headers and keys appendPackedStep does not write.
+func (p *packedParser) field(st *store.StepRun, key byte, count *int) bool {
+	switch key {
+	case 'n':
+		return p.strTo(&st.Name)
+	case 't':
+		return p.strTo(&st.Type)
+	case 's':
+		return p.strTo(&st.Status)
+	case 'e':
+		return p.strTo(&st.Error)
+	case 'q':
+		v, ok := p.str()
+		st.Request = json.RawMessage(v)
+		return ok
+	case 'b':
+		v, ok := p.str()
+		st.Body = []byte(v)
+		return ok
+	case 'x':
+		return p.isTrue(&st.Truncated)
+	case 'l':
+		return p.isTrue(&st.Blocked)
+	}
+	v, ok := p.int()
+	switch key {
+	case 'N':
+		*count = int(v)
+	case 'p':
+		st.Position = int(v)
+	case 'a':
+		st.Attempt = int(v)
+	case 'c':
+		c := int(v)
+		st.StatusCode = &c
+	case 'd':
+		st.DurationMS = &v
+	case 'w':
+		st.WakeAt = packedTime(&v)
+	case 'r':
+		st.StartedAt = packedTime(&v)
+	case 'f':
+		st.FinishedAt = packedTime(&v)
+	default: // headers, or a key this reader does not know
+		return false
+	}
+	return ok
+}
+
+func (p *packedParser) strTo(dst *string) bool {
+	v, ok := p.str()
+	*dst = v
+	return ok
+}
+
+// isTrue reads true, the only boolean appendPackedStep writes.
+func (p *packedParser) isTrue(dst *bool) bool {
+	if !strings.HasPrefix(p.s[p.i:], "true") {
+		return false
+	}
+	p.i += 4
+	*dst = true
+	return true
 }
 
 // packedParser walks a runs.steps value as appendPackedStep writes it:

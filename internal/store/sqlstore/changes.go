@@ -40,6 +40,10 @@ type changeset struct {
 	// placed is, for each run whose row flush wrote, the names of its
 	// steps that row now holds (runTx.inRow once this commits).
 	placed map[string]map[string]bool
+	// versions, set for an optimistic batch (Postgres), are the row
+	// versions its runs and tasks were decided on, by id: its updates
+	// write a row only at that version (updateByID).
+	versions map[string]string
 }
 
 type eventRow struct {
@@ -408,6 +412,9 @@ type part struct {
 	text func() string
 	args []any
 	what string // for errors
+	// guard, when not 0, is how many rows the statement must write (it
+	// returns one row for each): a guarded update of an optimistic batch.
+	guard int
 }
 
 // updateParts are UPDATE … FROM (VALUES …) statements for rows, at most 128
@@ -555,9 +562,43 @@ func (s *Store) updateArrays(table string, keys, set, types []string) string {
 		if i > 0 {
 			sb.WriteString(" AND ")
 		}
+		if k == verKey {
+			// Only a row still at the version the batch was decided on.
+			fmt.Fprintf(&sb, "%s.xmin = CAST(v.%s AS xid)", table, verKey)
+			continue
+		}
 		fmt.Fprintf(&sb, "%s.%s = v.%s", table, k, k)
 	}
+	if slices.Contains(keys, verKey) {
+		sb.WriteString(" RETURNING 1")
+	}
 	return sb.String()
+}
+
+// guardFailed is the error text of a guarded statement whose rows changed
+// since its batch read them (withStmt).
+const guardFailed = "ferry: optimistic batch: a row changed since it was read; the batch is decided again under locks"
+
+// verKey is the key column of a guarded update (updateByID): the row's
+// version (its xmin) as the batch read it.
+const verKey = "ver"
+
+// updateByID is updateParts of rows keyed by id, guarded when c is an
+// optimistic batch (see optimistic.go): each row is written only if its
+// version is still c.versions', and the statement fails unless all are.
+func (s *Store) updateByID(c *changeset, table string, set, types []string, rows [][]any) []part {
+	if c.versions == nil || len(rows) == 0 {
+		return s.updateParts(table, "", []string{"id"}, set, types, rows)
+	}
+	for i, r := range rows {
+		rows[i] = slices.Insert(r, 1, any(c.versions[r[0].(string)]))
+	}
+	// In id order, the order the statement locks them in (a nested loop
+	// over the arrays; see Dialect.Generic), as the locking way's reads.
+	slices.SortFunc(rows, func(a, b []any) int { return strings.Compare(a[0].(string), b[0].(string)) })
+	ps := s.updateParts(table, "guarded", []string{"id", verKey}, set, append([]string{cText, cText}, types[1:]...), rows)
+	ps[0].guard = len(rows) // Postgres only: one part
+	return ps
 }
 
 // exec runs parts in order. On Postgres they go as one statement, each
@@ -613,6 +654,22 @@ func (s *Store) withStmt(parts []part) (string, []any) {
 		fmt.Fprintf(&key, "%s %s %d;", p.key.kind, p.key.table, p.key.rows)
 		args = append(args, p.args...)
 	}
+	// A guarded statement checks its guarded clauses' counts, runs' first:
+	// each clause runs when the check first reads it, so the runs' rows
+	// are locked before the tasks', the order every other transaction
+	// takes them in. When a count falls short the check casts guardFailed
+	// to an integer, which fails the statement with that text in Postgres's
+	// log (a constant would fail it as it is planned); the transaction is
+	// then rolled back, whatever its other clauses wrote.
+	var guards []int
+	for _, table := range []string{"runs", "tasks"} {
+		for i, p := range parts {
+			if p.guard > 0 && p.key.table == table {
+				guards = append(guards, i)
+				args = append(args, int64(p.guard))
+			}
+		}
+	}
 	q := s.stmt(stmtKey{"with", key.String(), len(parts)}, func() string {
 		var sb strings.Builder
 		for i, p := range parts {
@@ -623,7 +680,18 @@ func (s *Store) withStmt(parts []part) (string, []any) {
 			}
 			fmt.Fprintf(&sb, "w%d AS (%s)", i, p.text())
 		}
-		sb.WriteString(" SELECT pg_current_xact_id()::xid::text")
+		if len(guards) == 0 {
+			sb.WriteString(" SELECT pg_current_xact_id()::xid::text")
+			return sb.String()
+		}
+		sb.WriteString(" SELECT CASE WHEN CAST(CASE WHEN ")
+		for j, i := range guards {
+			if j > 0 {
+				sb.WriteString(" AND ")
+			}
+			fmt.Fprintf(&sb, "(SELECT count(*) FROM w%d) = ?", i)
+		}
+		fmt.Fprintf(&sb, " THEN '1' ELSE '%s' END AS int) = 1 THEN pg_current_xact_id()::xid::text END", guardFailed)
 		return sb.String()
 	})
 	return q, args
@@ -778,7 +846,7 @@ func (s *Store) flushParts(c *changeset) ([]part, func() []part) {
 			k := t.task
 			rows = append(rows, []any{k.ID, k.Status, ts(k.RunAt), k.Attempt, k.LeasedBy, nullStr(k.LeaseToken), tsPtr(k.LeaseUntil), k.Reclaimed, k.CancelRequested, k.LastError, nullJSON(k.Result), ts(k.UpdatedAt), tsPtr(k.FinishedAt), t.seq, rowEvents[k.ID]})
 		}
-		parts = append(parts, s.updateParts("tasks", "", []string{"id"}, taskSet, taskTypes, rows)...)
+		parts = append(parts, s.updateByID(c, "tasks", taskSet, taskTypes, rows)...)
 	}
 	// Each run's row is written with the steps it holds (see
 	// packedsteps.go), and each step goes where its committed state now
@@ -840,7 +908,7 @@ func (s *Store) flushParts(c *changeset) ([]part, func() []part) {
 	if len(moved) > 0 {
 		parts = append(parts, s.deleteParts("step_runs", []string{"run_id", "name"}, moved)...)
 	}
-	parts = append(parts, s.updateParts("runs", "", []string{"id"}, runSet, runTypes, runRows)...)
+	parts = append(parts, s.updateByID(c, "runs", runSet, runTypes, runRows)...)
 	parts = append(parts, s.updateParts("runs", "seq only", []string{"id"}, runSetSeq, runTypesSeq, seqOnly)...)
 	dropped := make(map[string]bool, len(c.dropQueue))
 	for _, id := range c.dropQueue {

@@ -123,13 +123,20 @@ func (s *Store) readRunRows(ctx context.Context, tx querier, ids []string, now t
 
 // runRowsQuery reads (and on Postgres locks) runs, in id order, with
 // their event sequence and row version.
-func (s *Store) runRowsQuery(ids []string) (string, []any) {
+func (s *Store) runRowsQuery(ids []string) (string, []any) { return s.runRowsRead(ids, true) }
+
+// runRowsRead is runRowsQuery, locking or not.
+func (s *Store) runRowsRead(ids []string, lock bool) (string, []any) {
 	cond, args := s.inStrings("r.id", ids)
 	version := s.d.RowVersion
 	if version == "" {
 		version = "''"
 	}
-	return s.q(`SELECT ` + runCols + `, r.event_seq, r.steps, ` + version + ` FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE ` + cond + ` ORDER BY r.id` + lockOf(s.d.LockRun)), args
+	q := `SELECT ` + runCols + `, r.event_seq, r.steps, ` + version + ` FROM runs r JOIN workflows w ON w.id = r.workflow_id WHERE ` + cond + ` ORDER BY r.id`
+	if lock {
+		q += lockOf(s.d.LockRun)
+	}
+	return s.q(q), args
 }
 
 // scanRunRows reads runRowsQuery's rows into out, as runs of transaction tx.

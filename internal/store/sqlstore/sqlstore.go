@@ -70,6 +70,7 @@ type Store struct {
 	group   *groupCommit  // SQLite: one writer applying requests in groups
 	cache   *runCache     // SQLite: runs as the writer last wrote them
 	vcache  *versionCache // Postgres: runs by row version
+	tcache  *taskCache    // Postgres: the tasks this store leased, by row version
 	hook    atomic.Pointer[func(store.Committed)]
 
 	written    atomic.Int64 // rows this server wrote
@@ -121,6 +122,9 @@ func (n *note) merge(o note) {
 func (s *Store) committed(cs *changeset) {
 	if s.vcache != nil && len(cs.cacheIDs) > 0 {
 		s.vcache.put(cs.cacheIDs, cs.cacheRuns)
+	}
+	if s.tcache != nil {
+		s.tcache.put(cs)
 	}
 	s.grew(len(cs.newRuns) + len(cs.newSteps) + len(cs.newTasks) + len(cs.events))
 	n := &cs.note
@@ -225,10 +229,12 @@ func (s *Store) stage(ctx context.Context, tx querier, runs map[string]*runTx, c
 
 // EnableVersionCache keeps runs' steps between transactions, used while
 // the run's row version is unchanged (Dialect.RowVersion; see
-// versionCache).
+// versionCache), and the tasks this store leased, for optimistic report
+// batches (see optimistic.go).
 func (s *Store) EnableVersionCache() {
 	s.vcache = newVersionCache()
 	s.vcache.check = os.Getenv("FERRY_RUNCACHE_CHECK") != ""
+	s.tcache = newTaskCache()
 }
 
 // Close closes the pools and any extra resources.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -272,12 +273,15 @@ func (s *Store) claimPipelined(ctx context.Context, req store.ClaimTasks, filter
 		qs[i].Rows = func(r PipeRows) error { return addCands(&cands, r) }
 	}
 	var out []*store.Task
-	_, err := s.pipelined(ctx, nil, req.Now, qs, func(cs *changeset, _ map[string]*runTx) ([]PipeQuery, error) {
+	cs, err := s.pipelined(ctx, nil, req.Now, qs, func(cs *changeset, _ map[string]*runTx) ([]PipeQuery, error) {
 		out = s.lease(ctx, cs, cands, req, tok, until)
 		return nil, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("claim tasks: %w", err)
+	}
+	if s.tcache != nil {
+		s.tcache.put(cs) // their reports then need not read them
 	}
 	return out, nil
 }
@@ -394,6 +398,12 @@ func (s *Store) InTask(ctx context.Context, id string, now time.Time, fn func(st
 // earlier ones' changes; a task id repeated in ids gets store.ErrRetry: run
 // it again in a later call. err is for the transaction as a whole.
 //
+// fn may run more than once for a task: on Postgres a batch is first
+// decided on the runs and tasks this store cached, and decided again the
+// locking way when one of them changed since (see optimistic.go). Only
+// the last run's writes count; fn must have no other effect a second run
+// would repeat.
+//
 // The runs to lock are known before the transaction: from known (task id
 // -> run id, as this store returned it with the task) or read for the
 // tasks not in it. A task's run never changes; each locked task is still
@@ -454,6 +464,24 @@ func (s *Store) InTasks(ctx context.Context, ids []string, known map[string]stri
 		}
 	}
 	var cs *changeset
+	if s.d.Pipeline != nil && s.tcache != nil {
+		// Postgres, every run and task cached: one round trip (see
+		// optimistic.go), or decided again below.
+		var done bool
+		failed := func() bool {
+			return slices.ContainsFunc(todo, func(i int) bool { return errs[i] != nil })
+		}
+		if cs, done, err = s.optimistic(ctx, runIDs, taskIDs, now, apply, failed); err != nil {
+			return nil, err
+		}
+		if done {
+			s.committed(cs)
+			return errs, nil
+		}
+		for _, i := range todo {
+			errs[i] = nil
+		}
+	}
 	if s.d.Pipeline != nil {
 		// Postgres: two round trips (see pipeline.go).
 		var tasks map[string]lockedTask

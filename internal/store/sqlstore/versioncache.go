@@ -44,6 +44,15 @@ func (c *versionCache) get(id, version string) *cachedRun {
 	return nil
 }
 
+// latest is the run's latest committed state this store knows, at the
+// version it was cached at (an optimistic batch checks that version when
+// it writes).
+func (c *versionCache) latest(id string) *cachedRun {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.entries.get(id)
+}
+
 // put keeps committed states (nil entries: forget the run).
 func (c *versionCache) put(ids []string, es []*cachedRun) {
 	c.mu.Lock()

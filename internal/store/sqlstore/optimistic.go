@@ -1,0 +1,315 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"maps"
+	"strings"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/store"
+)
+
+// An optimistic batch (Postgres) is a report batch decided from the
+// caches and written in one round trip, without reading or locking
+// anything first. A report batch of the locking way opens with two
+// locking reads (its runs, then its tasks, SELECT … FOR UPDATE): a fifth
+// of Postgres's statement time in the jobs benchmark, and a round trip
+// before the write can even be built. Yet the runtime nearly always holds
+// what they return: its runs in the version cache, the tasks it leased
+// itself in the task cache, each at the row version (xmin) its own commit
+// left.
+//
+// So a batch all of whose runs and tasks are cached is decided on those
+// copies, and its write updates each run and each task only if its row is
+// still at the version the batch was decided on (updateByID). The write
+// checks that every one of them was written; if one was not (another
+// transaction changed it since), the check fails the statement, the
+// transaction rolls back, and the batch is decided again the locking way.
+// The check reads the runs' clause first, then the tasks', so the rows
+// are locked in the order the locking way takes them, runs then tasks
+// (withStmt). A batch is written this way only when it writes every run
+// and every task it read, with no error for any of them and no tasks of
+// other runs to cancel: what it decided then rests on nothing but rows it
+// checks. Anything else is decided again the locking way, before anything
+// is sent.
+//
+// Decided again means the caller's function runs again for those tasks;
+// InTasks says so. The workflow's name, which a run's row version does not
+// cover (a workflow renamed since the run was cached), is not read by
+// anything a report decides.
+
+// errNoRead is what a run of an optimistic batch answers a read with: the
+// batch has no transaction yet. No report reads; one that did is decided
+// again the locking way.
+var errNoRead = errors.New("an optimistic batch reads nothing")
+
+type noReads struct{}
+
+func (noReads) ExecContext(context.Context, string, ...any) (sql.Result, error) {
+	return nil, errNoRead
+}
+func (noReads) QueryContext(context.Context, string, ...any) (*sql.Rows, error) {
+	return nil, errNoRead
+}
+func (noReads) QueryRowContext(context.Context, string, ...any) *sql.Row { return nil }
+
+// optimistic decides a report batch on the cached runs and tasks and
+// those it reads without locking, and writes it guarded. done false: it
+// wrote nothing, and the batch is to be decided again the locking way
+// (failed says whether apply failed a task).
+func (s *Store) optimistic(ctx context.Context, runIDs, taskIDs []string, now time.Time, apply func(context.Context, *changeset, map[string]*runTx, map[string]lockedTask), failed func() bool) (_ *changeset, done bool, err error) {
+	runs, tasks, versions, missRuns, missTasks := s.fromCaches(ctx, runIDs, taskIDs, now)
+	conn, err := s.w.Conn(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	defer conn.Close()
+	// Once BEGIN is sent, a transaction may be open on conn until the
+	// COMMIT has answered.
+	open := false
+	defer func() {
+		if open {
+			s.abort(ctx, conn)
+		}
+	}()
+	begin := []PipeQuery{{SQL: "BEGIN"}}
+	if s.d.Generic != "" {
+		begin = append(begin, PipeQuery{SQL: s.d.Generic})
+	}
+	if len(missRuns)+len(missTasks) > 0 {
+		// What is not cached is read, unlocked, in the transaction that
+		// writes (one more round trip); the write checks it too.
+		open = true
+		if err := s.readUnlocked(ctx, conn, begin, missRuns, missTasks, now, runs, tasks, versions); err != nil {
+			return nil, false, err
+		}
+		begin = nil
+	}
+	if s.vcache.check {
+		if err := s.checkCached(ctx, conn, runs, tasks, versions); err != nil {
+			return nil, false, err
+		}
+	}
+	cs := &changeset{versions: versions}
+	apply(ctx, cs, runs, tasks)
+	if failed() || !guardable(cs, runs, tasks) {
+		s.tcache.ineligible.Add(1)
+		return nil, false, nil
+	}
+	parts, events := s.flushParts(cs)
+	all := append(parts[:len(parts):len(parts)], events()...)
+	if params(all) > maxStmtParams {
+		// One statement or none: the guard is a check of that statement.
+		s.tcache.ineligible.Add(1)
+		return nil, false, nil
+	}
+	open = true
+	stale, err := s.writeGuarded(ctx, conn, begin, cs, all)
+	if err != nil {
+		return nil, false, err
+	}
+	if stale {
+		// The failed check leaves the transaction aborted, not ended: the
+		// deferred abort rolls it back before conn goes back to the pool.
+		s.tcache.stale.Add(1)
+		// Its tasks' entries may be what changed; the locking way caches
+		// what it commits.
+		s.tcache.forget(taskIDs)
+		return nil, false, nil
+	}
+	open = false // COMMIT answered
+	if err := s.stage(ctx, conn, runs, cs); err != nil {
+		cs.cacheIDs, cs.cacheRuns = nil, nil
+	}
+	s.tcache.hits.Add(1)
+	return cs, true, nil
+}
+
+// fromCaches takes runIDs and taskIDs from the caches, with the versions
+// they were cached at, and returns those not cached.
+func (s *Store) fromCaches(ctx context.Context, runIDs, taskIDs []string, now time.Time) (runs map[string]*runTx, tasks map[string]lockedTask, versions map[string]string, missRuns, missTasks []string) {
+	versions = make(map[string]string, len(runIDs)+len(taskIDs))
+	tasks = make(map[string]lockedTask, len(taskIDs))
+	for _, id := range taskIDs {
+		e, ok := s.tcache.get(id)
+		if !ok {
+			missTasks = append(missTasks, id)
+			continue
+		}
+		t := e.task
+		tasks[id], versions[id] = lockedTask{task: &t, seq: e.seq}, e.version
+	}
+	runs = make(map[string]*runTx, len(runIDs))
+	for _, id := range runIDs {
+		e := s.vcache.latest(id)
+		if e == nil {
+			missRuns = append(missRuns, id)
+			continue
+		}
+		rt := e.runTx(s, ctx, noReads{}, now)
+		rt.version = e.version
+		runs[id], versions[id] = rt, e.version
+	}
+	return runs, tasks, versions, missRuns, missTasks
+}
+
+// readUnlocked sends begin and reads runIDs and taskIDs without locking
+// them, with their versions, into runs, tasks and versions.
+func (s *Store) readUnlocked(ctx context.Context, conn *sql.Conn, begin []PipeQuery, runIDs, taskIDs []string, now time.Time, runs map[string]*runTx, tasks map[string]lockedTask, versions map[string]string) error {
+	read := map[string]*runTx{}
+	qs := begin
+	if len(runIDs) > 0 {
+		q, args := s.runRowsRead(runIDs, false)
+		qs = append(qs, PipeQuery{SQL: q, Args: args, Rows: func(r PipeRows) error { return s.scanRunRows(ctx, conn, r, now, read) }})
+	}
+	if len(taskIDs) > 0 {
+		cond, args := s.inStrings("id", taskIDs)
+		qs = append(qs, PipeQuery{SQL: s.q(`SELECT ` + taskCols + `, event_seq, xmin::text FROM tasks WHERE ` + cond), Args: args, Rows: func(r PipeRows) error {
+			for r.Next() {
+				var seq int64
+				var ver string
+				t, err := scanTask(scanTail{r, []any{&seq, &ver}})
+				if err != nil {
+					return err
+				}
+				tasks[t.ID], versions[t.ID] = lockedTask{task: t, seq: seq}, ver
+			}
+			return r.Err()
+		}})
+	}
+	if err := s.d.Pipeline(ctx, conn, qs); err != nil {
+		return fmt.Errorf("read: %w", err)
+	}
+	// Steps read after their run's row are the row's or newer, and newer
+	// ones changed the row's version, which the write checks.
+	if err := s.versionedSteps(ctx, conn, read, now); err != nil {
+		return err
+	}
+	for id, rt := range read {
+		runs[id], versions[id] = rt, rt.version
+	}
+	return nil
+}
+
+// guardable says whether cs, decided on the cached runs and tasks, may be
+// written guarded: it writes every one of them, nothing else, and nothing
+// that needs more than one statement.
+func guardable(cs *changeset, runs map[string]*runTx, tasks map[string]lockedTask) bool {
+	if len(cs.cancel) > 0 || len(cs.runs) != len(runs) || len(cs.tasks) != len(tasks) {
+		return false
+	}
+	for _, r := range cs.runs {
+		if runs[r.run.ID] != r {
+			return false
+		}
+	}
+	// By id: UpdateTask may be given a copy of the task it read.
+	for _, t := range cs.tasks {
+		if _, ok := tasks[t.task.ID]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// writeGuarded sends begin (unless the reads began the transaction), the
+// optimistic batch cs's guarded write (its parts all) and COMMIT. stale reports that a
+// row had changed since it was read or cached: nothing was written.
+func (s *Store) writeGuarded(ctx context.Context, conn *sql.Conn, begin []PipeQuery, cs *changeset, all []part) (stale bool, err error) {
+	q, args := s.withStmt(all)
+	qs := append(begin, PipeQuery{SQL: q, Args: args, Rows: func(r PipeRows) error {
+		if r.Next() {
+			_ = r.Scan(&cs.xid) // as in pipelined
+		}
+		return nil
+	}}, commit)
+	if err := s.d.Pipeline(ctx, conn, qs); err != nil {
+		if isGuardFailure(err) {
+			return true, nil
+		}
+		return false, fmt.Errorf("write: %w", err)
+	}
+	return false, nil
+}
+
+// isGuardFailure says whether err is a guarded write's failed check
+// (withStmt): the cast of guardFailed to an integer.
+func isGuardFailure(err error) bool {
+	var st interface{ SQLState() string }
+	return errors.As(err, &st) && st.SQLState() == "22P02" && strings.Contains(err.Error(), guardFailed)
+}
+
+// checkCached compares an optimistic batch's cached runs and tasks that
+// are still at their cached version with the tables (FERRY_RUNCACHE_CHECK):
+// a difference is a cache that would decide differently from a read.
+//
+// It reads on the batch's own connection: the reader pool may be as small
+// as one connection, held by someone waiting on this batch.
+func (s *Store) checkCached(ctx context.Context, conn *sql.Conn, runs map[string]*runTx, tasks map[string]lockedTask, versions map[string]string) error {
+	for id, got := range runs {
+		want := map[string]*runTx{}
+		if err := s.readRuns(ctx, conn, []string{id}, got.now, want); err != nil {
+			return err
+		}
+		w := want[id]
+		if w == nil || w.version != versions[id] {
+			continue // changed since: the write's check fails
+		}
+		// The workflow's name is not covered by the row's version, and
+		// nothing a report decides reads it.
+		g := *got
+		r := *got.run
+		r.WorkflowName = w.run.WorkflowName
+		g.run = &r
+		if gi, wi := runImage(&g), runImage(w); gi != wi {
+			return fmt.Errorf("optimistic batch: run %s differs from the table:\ncache %s\ntable %s", id, gi, wi)
+		}
+		if !maps.Equal(got.inRow, w.inRow) {
+			return fmt.Errorf("optimistic batch: run %s: steps in the run's row %v, the table's %v", id, got.inRow, w.inRow)
+		}
+	}
+	for id, got := range tasks {
+		var ver string
+		var seq int64
+		row := conn.QueryRowContext(ctx, s.q(`SELECT `+taskCols+`, event_seq, xmin::text FROM tasks WHERE id = ?`), id)
+		want, err := scanTask(scanTail{rowScanner{row}, []any{&seq, &ver}})
+		if err != nil {
+			return fmt.Errorf("optimistic batch: task %s: %w", id, err)
+		}
+		if ver != versions[id] {
+			continue
+		}
+		if gi, wi := taskImage(got.task, got.seq), taskImage(want, seq); gi != wi {
+			return fmt.Errorf("optimistic batch: task %s differs from the table:\ncache %s\ntable %s", id, gi, wi)
+		}
+	}
+	return nil
+}
+
+// rowScanner gives a *sql.Row the rows interface scanTail wraps.
+type rowScanner struct{ row *sql.Row }
+
+func (r rowScanner) Next() bool             { return true }
+func (r rowScanner) Scan(dest ...any) error { return r.row.Scan(dest...) }
+func (r rowScanner) Err() error             { return nil }
+
+// taskImage is a task, every field, nil-ness and time zones included.
+func taskImage(t *store.Task, seq int64) string {
+	return fmt.Sprintf("%#v seq %d", []any{t.ID, t.Type, bytesImage(t.Payload), t.Status, t.Priority, timeImage(&t.RunAt), t.IdempotencyKey, t.Attempt, t.MaxAttempts, t.RetryDelay,
+		t.LeasedBy, t.LeaseToken, timeImage(t.LeaseUntil), t.Reclaimed, t.CancelRequested, t.LastError, bytesImage(t.Result), t.RunID, t.Step,
+		timeImage(&t.CreatedAt), timeImage(&t.UpdatedAt), timeImage(t.FinishedAt), t.ToWaitingClaim}, seq)
+}
+
+// OptimisticBatches counts the report batches decided on cached and
+// unlocked rows (Postgres): written so, found stale at their write (then
+// decided again the locking way), and decided again before anything was
+// sent (a task failed, or the batch wrote less than it read).
+func (s *Store) OptimisticBatches() (written, stale, redecided int64) {
+	if s.tcache == nil {
+		return 0, 0, 0
+	}
+	return s.tcache.hits.Load(), s.tcache.stale.Load(), s.tcache.ineligible.Load()
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -89,7 +90,7 @@ func (s *Store) optimistic(ctx context.Context, runIDs, taskIDs []string, now ti
 		begin = nil
 	}
 	if s.vcache.check {
-		if err := s.checkCached(ctx, conn, runs, tasks, versions); err != nil {
+		if err := s.checkCached(ctx, conn, now, runs, tasks, versions); err != nil {
 			return nil, false, err
 		}
 	}
@@ -184,8 +185,9 @@ func (s *Store) readUnlocked(ctx context.Context, conn *sql.Conn, begin []PipeQu
 		return fmt.Errorf("read: %w", err)
 	}
 	// Steps read after their run's row are the row's or newer, and newer
-	// ones changed the row's version, which the write checks.
-	if err := s.versionedSteps(ctx, conn, read, now); err != nil {
+	// ones changed the row's version, which the write checks. The cache
+	// check, which would lock them, is left to checkCached.
+	if err := s.versionedStepsChecked(ctx, conn, read, now, false); err != nil {
 		return err
 	}
 	for id, rt := range read {
@@ -242,20 +244,43 @@ func isGuardFailure(err error) bool {
 	return errors.As(err, &st) && st.SQLState() == "22P02" && strings.Contains(err.Error(), guardFailed)
 }
 
-// checkCached compares an optimistic batch's cached runs and tasks that
-// are still at their cached version with the tables (FERRY_RUNCACHE_CHECK):
-// a difference is a cache that would decide differently from a read.
+// checkCached compares an optimistic batch's runs and tasks that are
+// still at the version it decided on with the tables
+// (FERRY_RUNCACHE_CHECK): a difference is a cache that would decide
+// differently from a read.
 //
-// It reads on the batch's own connection: the reader pool may be as small
-// as one connection, held by someone waiting on this batch.
-func (s *Store) checkCached(ctx context.Context, conn *sql.Conn, runs map[string]*runTx, tasks map[string]lockedTask, versions map[string]string) error {
-	for id, got := range runs {
-		want := map[string]*runTx{}
-		if err := s.readRuns(ctx, conn, []string{id}, got.now, want); err != nil {
-			return err
+// It reads on the batch's own connection (the reader pool may be as small
+// as one connection, held by someone waiting on this batch) and locks
+// nothing: the batch takes its row locks with its write, runs first, and
+// a lock taken here, in another order, could deadlock. Without a lock
+// the rows may move between the statements: a run is compared only if
+// its version is the same after its steps were read as before (every
+// write of a step writes its run's row).
+func (s *Store) checkCached(ctx context.Context, conn *sql.Conn, now time.Time, runs map[string]*runTx, tasks map[string]lockedTask, versions map[string]string) error {
+	ids := slices.Sorted(maps.Keys(runs))
+	want := map[string]*runTx{}
+	after := map[string]string{}
+	if len(ids) > 0 {
+		q, args := s.runRowsRead(ids, false)
+		rows, err := conn.QueryContext(ctx, q, args...)
+		if err != nil {
+			return fmt.Errorf("optimistic batch: check runs: %w", err)
 		}
-		w := want[id]
-		if w == nil || w.version != versions[id] {
+		err = s.scanRunRows(ctx, conn, rows, now, want)
+		rows.Close()
+		if err == nil {
+			err = s.readSteps(ctx, conn, ids, want)
+		}
+		if err == nil {
+			err = s.rowVersions(ctx, conn, ids, after)
+		}
+		if err != nil {
+			return fmt.Errorf("optimistic batch: check runs: %w", err)
+		}
+	}
+	for _, id := range ids {
+		got, w := runs[id], want[id]
+		if w == nil || w.version != versions[id] || after[id] != w.version {
 			continue // changed since: the write's check fails
 		}
 		// The workflow's name is not covered by the row's version, and
@@ -287,6 +312,24 @@ func (s *Store) checkCached(ctx context.Context, conn *sql.Conn, runs map[string
 		}
 	}
 	return nil
+}
+
+// rowVersions reads the row versions of runs ids into out.
+func (s *Store) rowVersions(ctx context.Context, conn *sql.Conn, ids []string, out map[string]string) error {
+	cond, args := s.inStrings("id", ids)
+	rows, err := conn.QueryContext(ctx, s.q(`SELECT id, xmin::text FROM runs WHERE `+cond), args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, ver string
+		if err := rows.Scan(&id, &ver); err != nil {
+			return err
+		}
+		out[id] = ver
+	}
+	return rows.Err()
 }
 
 // rowScanner gives a *sql.Row the rows interface scanTail wraps.

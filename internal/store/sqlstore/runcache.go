@@ -411,12 +411,6 @@ func (s *Store) checkHits(ctx context.Context, tx querier, hits map[string]*runT
 		if want[id] == nil {
 			return fmt.Errorf("run cache: run %s is cached but not in the table", id)
 		}
-		if want[id].version != got.version {
-			// Read without a lock (an optimistic batch's reads): the row
-			// has changed since, and that batch's guarded write will find
-			// out. Under a lock the version cannot move.
-			continue
-		}
 		if g, w := runImage(got), runImage(want[id]); g != w {
 			return fmt.Errorf("run cache: run %s differs from the table:\ncache %s\ntable %s", id, g, w)
 		}

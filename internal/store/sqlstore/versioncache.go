@@ -110,6 +110,12 @@ func (s *Store) lockVersioned(ctx context.Context, tx querier, ids []string, now
 // versionedSteps gives the runs just read in out their steps: from the
 // cache where the row's version matches, else read.
 func (s *Store) versionedSteps(ctx context.Context, tx querier, out map[string]*runTx, now time.Time) error {
+	return s.versionedStepsChecked(ctx, tx, out, now, s.vcache.check)
+}
+
+// versionedStepsChecked is versionedSteps, its hits compared with the
+// tables (FERRY_RUNCACHE_CHECK) if check.
+func (s *Store) versionedStepsChecked(ctx context.Context, tx querier, out map[string]*runTx, now time.Time, check bool) error {
 	var miss []string
 	hits := map[string]*runTx{}
 	for id, rt := range out {
@@ -125,7 +131,7 @@ func (s *Store) versionedSteps(ctx context.Context, tx querier, out map[string]*
 		cached.version = rt.version
 		out[id], hits[id] = cached, cached
 	}
-	if len(hits) > 0 && s.vcache.check {
+	if len(hits) > 0 && check {
 		if err := s.checkHits(ctx, tx, hits); err != nil {
 			return err
 		}

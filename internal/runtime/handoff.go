@@ -146,6 +146,25 @@ func (of *offer) lend(ctx context.Context, w *waiter, t *store.Task, now time.Ti
 	}
 }
 
+// restart forgets what the write's last decision lent: the store may
+// decide a batch of reports again, and only its last decision commits
+// (store.InTasks). The reserved claims stay reserved, their room free
+// for the decision that follows.
+func (of *offer) restart() {
+	if of == nil {
+		return
+	}
+	ws := &of.r.waiting
+	for _, w := range of.held {
+		for _, t := range w.claim.taken {
+			if _, ok := ws.lent.LoadAndDelete(t.LeaseToken); ok {
+				ws.seen.Add(-1)
+			}
+		}
+		w.claim.taken = w.claim.taken[:0]
+	}
+}
+
 // settle hands each reserved claim the tasks leased to it that committed
 // and puts the others back to pending; err is the store call's. A call
 // that failed may still have committed (an error after COMMIT was sent, a

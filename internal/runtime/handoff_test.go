@@ -24,10 +24,16 @@ type claimResult struct {
 // is waiting (writes can hand it tasks; its timer may start a little later).
 func (e *env) waitingClaim(t *testing.T, ctx context.Context, wait time.Duration, types ...string) <-chan claimResult {
 	t.Helper()
+	return e.waitingClaimOf(t, ctx, wait, 5, types...)
+}
+
+// waitingClaimOf is waitingClaim for at most max tasks.
+func (e *env) waitingClaimOf(t *testing.T, ctx context.Context, wait time.Duration, max int, types ...string) <-chan claimResult {
+	t.Helper()
 	n := e.rt.WaitingClaims()
 	done := make(chan claimResult, 1)
 	go func() {
-		ts, err := e.rt.ClaimTasks(ctx, runtime.ClaimRequest{Types: types, WorkerID: "waiter", Lease: time.Minute, Max: 5, Wait: wait})
+		ts, err := e.rt.ClaimTasks(ctx, runtime.ClaimRequest{Types: types, WorkerID: "waiter", Lease: time.Minute, Max: max, Wait: wait})
 		done <- claimResult{ts, err}
 	}()
 	e.waitForClaims(t, n+1)
@@ -276,6 +282,54 @@ func TestHandoffCallerGone(t *testing.T) {
 		}
 		if got := types(e.events(t, k.ID)); got != "created,claimed,released,claimed" {
 			t.Errorf("events = %s, want created,claimed,released,claimed", got)
+		}
+	})
+}
+
+// twiceStore decides every report batch twice, the first decision
+// abandoned, as a store does when rows it decided on changed since it
+// cached them (store.InTasks).
+type twiceStore struct {
+	store.Store
+}
+
+var errAbandoned = errors.New("abandoned decision")
+
+func (s twiceStore) InTasks(ctx context.Context, ids []string, runs map[string]string, now time.Time, fn func(i int, tx store.TaskTx) error) ([]error, error) {
+	if _, err := s.Store.InTasks(ctx, ids, runs, now, func(i int, tx store.TaskTx) error {
+		if err := fn(i, tx); err != nil {
+			return err
+		}
+		return errAbandoned // nothing of it is written
+	}); err != nil {
+		return nil, err
+	}
+	return s.Store.InTasks(ctx, ids, runs, now, fn)
+}
+
+// TestHandoffAfterADecisionAbandoned: a completion decided twice lends the
+// task it starts to a waiting claim in each decision; the claim, room for
+// one task, gets the one the last decision committed, handed over in that
+// commit.
+func TestHandoffAfterADecisionAbandoned(t *testing.T) {
+	forEachStore(t, func(t *testing.T, base *env) {
+		e := newEnv(t, twiceStore{base.st})
+		ctx := t.Context()
+		e.workflow(t, `{"name": "twice", "tasks": {
+			"a": {"task": {"type": "twice.a.v1"}},
+			"b": {"needs": ["a"], "task": {"type": "twice.b.v1"}}}}`)
+		r := e.trigger(t, "twice", `{}`)
+		a := e.claimOne(t, "twice.a.v1")
+		done := e.waitingClaimOf(t, ctx, 7*time.Second, 1, "twice.b.v1")
+		_, err := e.rt.CompleteTask(ctx, a.ID, a.LeaseToken, json.RawMessage(`{}`))
+		must(t, err, "CompleteTask a")
+		got := recvClaim(t, done)
+		if got.err != nil || len(got.ts) != 1 || got.ts[0].RunID != r.ID {
+			t.Fatalf("claim = %+v, %v; want the completion's next task", got.ts, got.err)
+		}
+		wantHandedOver(t, e, got.ts[0], "b")
+		if n := e.rt.WaitingClaims(); n != 0 {
+			t.Errorf("%d claims still waiting", n)
 		}
 	})
 }

@@ -92,7 +92,14 @@ func (r *Runtime) applyReports(batch []*reportReq) []*reportReq {
 	// The tasks the reports start that their workers do not take go to
 	// claims waiting on this node.
 	of := r.newOffer()
+	// The store calls fn in increasing i within one decision of the batch;
+	// an i not above the last one begins another decision.
+	last := -1
 	errs, err := r.st.InTasks(context.Background(), ids, known, r.clk.Now(), func(i int, tx store.TaskTx) error {
+		if i <= last {
+			of.restart()
+		}
+		last = i
 		q := batch[i]
 		t := tx.Task()
 		if t.LeaseToken == "" || t.LeaseToken != q.token {

@@ -215,6 +215,10 @@ type Store interface {
 	// sqlstore.Store.InTasks for the locking order and ErrRetry. runs, when
 	// not nil, gives the run of some of the tasks (task id -> run id, as
 	// the store returned it with the task); the others are looked up.
+	// fn is called in increasing i. A store may decide the batch more than
+	// once (Postgres: on cached rows first, then on locked ones when those
+	// changed); each decision calls fn again from the lowest i, and only
+	// the last one's writes count.
 	InTasks(ctx context.Context, ids []string, runs map[string]string, now time.Time, fn func(i int, tx TaskTx) error) (errs []error, err error)
 	// OnCommit registers the function told about each committed write that
 	// queued items or made tasks claimable (set once, before use).

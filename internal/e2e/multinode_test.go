@@ -93,3 +93,105 @@ func TestTwoNodesShareOnePostgres(t *testing.T) {
 		t.Errorf("%d distinct executions, want %d", len(calls), runs*6)
 	}
 }
+
+// TestTwoNodesShareTaskReports: workers claim a run's task steps from one
+// server and report them to either, so the parallel steps of one run are
+// reported to both servers at once and each writes runs the other has
+// cached (on Postgres a server decides a report batch on the runs and
+// tasks it holds, and writes a row only if nobody wrote it since). Every
+// task is handed out once, every run completes with each step started
+// once, and its events are numbered without gap or repeat.
+func TestTwoNodesShareTaskReports(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the ferry binary")
+	}
+	t.Parallel()
+	db := pgtest.DSN(t)
+	a := startServer(t, freePort(t), db)
+	b := startServer(t, freePort(t), db)
+	nodes := []client{{t, "http://" + a.addr}, {t, "http://" + b.addr}}
+	nodes[0].must(201, "POST", "/api/v1/workflows", `{"name": "tfan", "tasks": {
+		"a": {"task": {"type": "tfan.x.v1"}},
+		"b1": {"needs": ["a"], "task": {"type": "tfan.x.v1"}},
+		"b2": {"needs": ["a"], "task": {"type": "tfan.x.v1"}},
+		"b3": {"needs": ["a"], "task": {"type": "tfan.x.v1"}},
+		"b4": {"needs": ["a"], "task": {"type": "tfan.x.v1"}},
+		"z": {"needs": ["b1", "b2", "b3", "b4"], "task": {"type": "tfan.x.v1"}}}}`)
+
+	const runs, workers = 30, 8
+	ids := make([]string, runs)
+	for i := range ids {
+		ids[i] = nodes[i%2].trigger("tfan", `{}`)
+	}
+	var mu sync.Mutex
+	claimed := map[string]int{} // run:step -> times handed out
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				code, out := nodes[(w+n)%2].do("POST", "/api/v1/tasks/claim", fmt.Sprintf(`{"types": ["tfan.%%"], "worker_id": "w%d", "lease_seconds": 60, "max": 4, "wait_seconds": 1}`, w))
+				if code != 200 {
+					t.Errorf("claim: %d %v", code, out)
+					return
+				}
+				tasks := out["data"].([]any)
+				var done sync.WaitGroup
+				for k, tk := range tasks {
+					tk := tk.(map[string]any)
+					mu.Lock()
+					claimed[fmt.Sprint(tk["run_id"])+":"+fmt.Sprint(tk["step"])]++
+					mu.Unlock()
+					// Each task of the claim reported at once, to either
+					// server: a run's parallel steps meet on both.
+					done.Go(func() {
+						body := fmt.Sprintf(`{"lease_token": %q, "result": {"ok": true}}`, tk["lease_token"])
+						if code, out := nodes[(w+n+k)%2].do("POST", "/api/v1/tasks/"+tk["id"].(string)+"/complete", body); code != 200 {
+							t.Errorf("complete %s: %d %v", tk["id"], code, out)
+						}
+					})
+				}
+				done.Wait()
+			}
+		})
+	}
+	nodes[0].waitAll(ids, "completed", 60*time.Second, func(r map[string]any) bool { return r["status"] == "completed" })
+	close(stop)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range ids {
+		for _, step := range []string{"a", "b1", "b2", "b3", "b4", "z"} {
+			if n := claimed[id+":"+step]; n != 1 {
+				t.Errorf("run %s step %s handed out %d times", id, step, n)
+			}
+		}
+		evs := nodes[1].must(200, "GET", "/api/v1/runs/"+id+"/events", "")["data"].([]any)
+		started := map[string]int{}
+		for i, ev := range evs {
+			ev := ev.(map[string]any)
+			if ev["seq"] != float64(i+1) {
+				t.Errorf("run %s: event %d has seq %v", id, i, ev["seq"])
+			}
+			if ev["type"] == "step_started" {
+				started[ev["step"].(string)]++
+			}
+		}
+		if len(started) != 6 {
+			t.Errorf("run %s: steps started %v, want all six once", id, started)
+		}
+		for step, n := range started {
+			if n != 1 {
+				t.Errorf("run %s: step %s started %d times (DAG advanced twice)", id, step, n)
+			}
+		}
+	}
+	if len(claimed) != runs*6 {
+		t.Errorf("%d distinct tasks handed out, want %d", len(claimed), runs*6)
+	}
+}

@@ -265,3 +265,112 @@ func TestRunCacheKeepsCreatedRuns(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// taskStore opens a migrated store at path with a standalone task that
+// the store has leased (claimed): its writer holds it cached.
+func taskStore(t *testing.T, path string) (*sqlstore.Store, *store.Task) {
+	t.Helper()
+	s, err := sqlite.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := t.Context()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	if _, _, err := s.CreateTask(ctx, &store.Task{Type: "tc.x.v1", Payload: json.RawMessage(`{"n":1}`), Status: status.TaskPending, Priority: 100, RunAt: now}, now); err != nil {
+		t.Fatal(err)
+	}
+	ks, err := s.ClaimTasks(ctx, store.ClaimTasks{Patterns: []string{"tc.x.v1"}, WorkerID: "w", Lease: time.Minute, Max: 1, Now: now})
+	if err != nil || len(ks) != 1 {
+		t.Fatalf("claim: %v (%d tasks)", err, len(ks))
+	}
+	return s, ks[0]
+}
+
+// extend writes k's lease a minute longer and a heartbeat event, as a
+// worker's heartbeat does.
+func extend(tx store.TaskTx) error {
+	k := *tx.Task()
+	until := k.LeaseUntil.Add(time.Minute)
+	k.LeaseUntil = &until
+	if err := tx.UpdateTask(&k); err != nil {
+		return err
+	}
+	return tx.AppendTask(store.NewEvent{Type: "heartbeat"})
+}
+
+// TestTaskCacheServesTheWritersOwnTasks: a task the writer leased or last
+// wrote leased is not read again by its next transaction, and what the
+// cache hands out is what the table holds; a finished task leaves it.
+func TestTaskCacheServesTheWritersOwnTasks(t *testing.T) {
+	s, k := taskStore(t, filepath.Join(t.TempDir(), "t.db"))
+	ctx := t.Context()
+	for range 2 {
+		if err := s.InTask(ctx, k.ID, time.Now(), extend); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.VerifyRunCache(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := s.TaskCacheHits(); got != 2 {
+		t.Errorf("task cache hits = %d, want 2 (the claim cached it)", got)
+	}
+	if err := s.InTask(ctx, k.ID, time.Now(), func(tx store.TaskTx) error {
+		k := *tx.Task()
+		k.Status = status.TaskSucceeded
+		return tx.UpdateTask(&k)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.InTask(ctx, k.ID, time.Now(), func(tx store.TaskTx) error {
+		if got := tx.Task().Status; got != status.TaskSucceeded {
+			t.Errorf("task read as %s after it succeeded", got)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.TaskCacheHits(); got != 3 {
+		t.Errorf("task cache hits = %d, want 3: a finished task is read from the table", got)
+	}
+	if got, err := s.GetTask(ctx, k.ID); err != nil || len(got.LeaseToken) == 0 || got.Status != status.TaskSucceeded {
+		t.Errorf("task = %+v, %v; want succeeded", got, err)
+	}
+}
+
+// TestTaskCacheSeesOtherWriters: a commit by another connection to the
+// file empties the cache, so a task another process changed is read again.
+func TestTaskCacheSeesOtherWriters(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "t.db")
+	s, k := taskStore(t, path)
+	ctx := t.Context()
+	other, err := sqlite.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := other.InTask(ctx, k.ID, time.Now(), func(tx store.TaskTx) error {
+		k := *tx.Task()
+		k.LeaseToken = "taken-elsewhere"
+		return tx.UpdateTask(&k)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var token string
+	if err := s.InTask(ctx, k.ID, time.Now(), func(tx store.TaskTx) error {
+		token = tx.Task().LeaseToken
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if token != "taken-elsewhere" {
+		t.Errorf("lease token %q, want the other writer's", token)
+	}
+	if err := s.VerifyRunCache(ctx); err != nil {
+		t.Error(err)
+	}
+}

@@ -796,7 +796,13 @@ var (
 // statement (see exec).
 func (s *Store) flush(ctx context.Context, tx querier, c *changeset) error {
 	parts, events := s.flushParts(c)
-	return s.writeParts(ctx, tx, c, parts, events)
+	if err := s.writeParts(ctx, tx, c, parts, events); err != nil {
+		return err
+	}
+	if s.cache != nil {
+		s.cache.pendTasks(c) // staged if the request succeeds
+	}
+	return nil
 }
 
 // writeParts writes what flushParts built for c, the cancellations of its

@@ -3,6 +3,10 @@ package sqlstore
 import (
 	"fmt"
 	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/status"
+	"github.com/ferryhq/ferry/internal/store"
 )
 
 // checkBounded fails unless b's byte count is the sum of what its entries
@@ -55,5 +59,44 @@ func TestBoundedCache(t *testing.T) {
 	checkBounded(t, &b, "after reset")
 	if len(b.m) != 0 || b.by != 0 {
 		t.Fatalf("reset left %d entries, %d bytes", len(b.m), b.by)
+	}
+}
+
+// TestTaskCacheFollowsRequests: SQLite's writer caches what a request wrote
+// of leased tasks only once the request succeeded (a failed one rolled its
+// rows back), shows it to the group's later requests, keeps it when the
+// group commits, forgets a task written finished or cancelled by id, and
+// forgets everything on reset.
+func TestTaskCacheFollowsRequests(t *testing.T) {
+	c := newRunCache()
+	until := time.Date(2031, 3, 4, 5, 6, 7, 0, time.UTC)
+	leased := func(id string) *store.Task {
+		return &store.Task{ID: id, Type: "x", Status: status.TaskLeased, LeaseToken: "tok", LeaseUntil: &until}
+	}
+	c.pendTasks(&changeset{newTasks: []*store.Task{leased("failed")}})
+	c.endRequest(false)
+	c.pendTasks(&changeset{newTasks: []*store.Task{leased("a"), leased("b"), leased("c")}})
+	c.endRequest(true)
+	if c.task("failed") != nil {
+		t.Error("a failed request's task is cached")
+	}
+	if e := c.task("a"); e == nil || e.seq != 2 || e.task.LeaseToken != "tok" {
+		t.Fatalf("staged task a = %+v, want it leased at seq 2 (created and claimed)", e)
+	}
+	c.commit()
+	done := leased("a")
+	done.Status, done.LeaseUntil = status.TaskSucceeded, nil
+	c.pendTasks(&changeset{tasks: []*taskTx{{task: done, seq: 3}}, cancel: []cancelTasks{{ids: []string{"b"}}}})
+	c.endRequest(true)
+	if c.task("a") != nil || c.task("b") != nil {
+		t.Error("a task written finished or cancelled is still cached")
+	}
+	c.commit()
+	if c.task("a") != nil || c.task("b") != nil || c.task("c") == nil {
+		t.Errorf("after the commit: a %v, b %v, c %v; want only c", c.task("a"), c.task("b"), c.task("c"))
+	}
+	c.reset()
+	if c.task("c") != nil {
+		t.Error("reset kept a task")
 	}
 }

@@ -51,35 +51,57 @@ func (c *taskCache) get(id string) (cachedTask, bool) {
 // put records what cs, committed, wrote of tasks: the leased ones as
 // written, at the commit's version; any other is forgotten.
 func (c *taskCache) put(cs *changeset) {
-	if cs.xid == "" || (len(cs.tasks) == 0 && len(cs.newTasks) == 0) {
+	if cs.xid == "" {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	taskWrites(cs, cs.xid, c.keep)
+}
+
+// taskWrites calls keep for every task cs writes, with what a task cache
+// keeps of it once cs commits (the transaction's version its own): the
+// task as written if it is leased and small, else nil (forget it). Tasks
+// the changeset cancels by id (a stopped run's) come last, forgotten.
+func taskWrites(cs *changeset, version string, keep func(id string, e *cachedTask)) {
 	for _, t := range cs.tasks {
-		c.keep(t.task, t.seq, cs.xid)
+		keep(t.task.ID, cacheable(t.task, t.seq, version))
 	}
 	for _, t := range cs.newTasks {
 		seq := int64(1) // see taskInsertArgs
 		if createdLeased(t) {
 			seq = 2
 		}
-		c.keep(t, seq, cs.xid)
+		keep(t.ID, cacheable(t, seq, version))
+	}
+	for _, c := range cs.cancel {
+		for _, id := range c.ids {
+			keep(id, nil)
+		}
 	}
 }
 
-func (c *taskCache) keep(t *store.Task, seq int64, version string) {
+// cacheable is t as a task cache keeps it, or nil when it keeps no such
+// task: only leased ones, whose report is what reads them next, and small.
+func cacheable(t *store.Task, seq int64, version string) *cachedTask {
 	if t.Status != status.TaskLeased || t.LeaseUntil == nil || len(t.Payload)+len(t.Result)+len(t.LastError) > taskCacheBodyMax {
-		delete(c.m, t.ID)
+		return nil
+	}
+	return &cachedTask{task: storedTask(t), seq: seq, version: version}
+}
+
+func (c *taskCache) keep(id string, e *cachedTask) {
+	if e == nil {
+		delete(c.m, id)
 		return
 	}
-	if _, ok := c.m[t.ID]; !ok && len(c.m) >= taskCacheMax {
-		for id := range c.m { // any one: the cache is only a hint
-			delete(c.m, id)
+	if _, ok := c.m[id]; !ok && len(c.m) >= taskCacheMax {
+		for other := range c.m { // any one: the cache is only a hint
+			delete(c.m, other)
 			break
 		}
 	}
-	c.m[t.ID] = cachedTask{task: storedTask(t), seq: seq, version: version}
+	c.m[id] = *e
 }
 
 func (c *taskCache) forget(ids []string) {

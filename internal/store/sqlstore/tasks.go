@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -500,7 +501,7 @@ func (s *Store) InTasks(ctx context.Context, ids []string, known map[string]stri
 			if err != nil {
 				return err
 			}
-			tasks, err := s.lockTasks(ctx, tx, taskIDs)
+			tasks, err := s.writerTasks(ctx, tx, taskIDs)
 			if err != nil {
 				return err
 			}
@@ -565,6 +566,41 @@ func (s *Store) lockTasks(ctx context.Context, tx querier, ids []string) (map[st
 	}
 	defer rows.Close()
 	return scanLockedTasks(rows)
+}
+
+// writerTasks is lockTasks for SQLite's writer: the tasks it wrote last
+// leased come from its cache (see runCache), the others from the table.
+func (s *Store) writerTasks(ctx context.Context, tx querier, ids []string) (map[string]lockedTask, error) {
+	if s.cache == nil {
+		return s.lockTasks(ctx, tx, ids)
+	}
+	out := make(map[string]lockedTask, len(ids))
+	var miss []string
+	for _, id := range ids {
+		e := s.cache.task(id)
+		if e == nil {
+			miss = append(miss, id)
+			continue
+		}
+		t := e.task // a private copy
+		out[id] = lockedTask{task: &t, seq: e.seq}
+	}
+	if len(out) > 0 {
+		s.cache.taskHits.Add(int64(len(out)))
+		if s.cache.check {
+			if err := s.checkTaskHits(ctx, tx, out); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if len(miss) > 0 {
+		read, err := s.lockTasks(ctx, tx, miss)
+		if err != nil {
+			return nil, err
+		}
+		maps.Copy(out, read)
+	}
+	return out, nil
 }
 
 // lockTasksQuery locks and reads tasks in id order.

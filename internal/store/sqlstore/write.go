@@ -355,7 +355,11 @@ func (g *groupCommit) run(batch []*writeReq, urgent bool, cutAfter time.Time) (r
 		// A cancelled statement would interrupt SQLite, which rolls back
 		// the whole transaction, other requests included: once started, a
 		// request runs to its end.
-		if err := r.fn(context.WithoutCancel(r.ctx), tx); err != nil {
+		err := r.fn(context.WithoutCancel(r.ctx), tx)
+		if g.cache != nil {
+			g.cache.endRequest(err == nil)
+		}
+		if err != nil {
 			r.err = err
 			if _, rbErr := tx.Exec(`ROLLBACK TO w`); rbErr != nil {
 				// The transaction is unusable: give up on the whole group.

@@ -14,19 +14,26 @@ import (
 	"github.com/ferryhq/ferry/internal/store/sqlstore"
 )
 
-// cacheStore opens a migrated store at path with one workflow and one run
-// of one pending step "a".
-func cacheStore(t *testing.T, path string) (*sqlstore.Store, string) {
+// openMigrated opens a migrated store at path, closed when the test ends.
+func openMigrated(t *testing.T, path string) *sqlstore.Store {
 	t.Helper()
 	s, err := sqlite.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	ctx := t.Context()
-	if err := s.Migrate(ctx); err != nil {
+	if err := s.Migrate(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+	return s
+}
+
+// cacheStore opens a migrated store at path with one workflow and one run
+// of one pending step "a".
+func cacheStore(t *testing.T, path string) (*sqlstore.Store, string) {
+	t.Helper()
+	s := openMigrated(t, path)
+	ctx := t.Context()
 	wf, err := s.CreateWorkflow(ctx, &store.Workflow{Name: "c", Definition: json.RawMessage(`{}`), Fingerprint: "f", Enabled: true})
 	if err != nil {
 		t.Fatal(err)
@@ -270,15 +277,8 @@ func TestRunCacheKeepsCreatedRuns(t *testing.T) {
 // the store has leased (claimed): its writer holds it cached.
 func taskStore(t *testing.T, path string) (*sqlstore.Store, *store.Task) {
 	t.Helper()
-	s, err := sqlite.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := openMigrated(t, path)
 	ctx := t.Context()
-	if err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	now := time.Now()
 	if _, _, err := s.CreateTask(ctx, &store.Task{Type: "tc.x.v1", Payload: json.RawMessage(`{"n":1}`), Status: status.TaskPending, Priority: 100, RunAt: now}, now); err != nil {
 		t.Fatal(err)

@@ -910,9 +910,10 @@ func TestPipelineFireTimersFailure(t *testing.T) {
 	}
 }
 
-// TestPipelineLockReadFailure: a lock read that fails on the server (a
-// lock timeout, here) fails the batch and leaves no transaction open; the
-// batch succeeds once the lock is free.
+// TestPipelineLockReadFailure: a batch that meets a row locked elsewhere
+// past the lock timeout (at its lock read, or, decided on the rows this
+// store cached, at its guarded write) fails and leaves no transaction
+// open; the batch succeeds once the lock is free.
 func TestPipelineLockReadFailure(t *testing.T) {
 	s, runs, ks, now := pipeStore(t, 1, "lock_timeout", "100")
 	ctx := t.Context()

@@ -6,6 +6,14 @@
 // writes as a changeset and write it set-wise at the end (changes.go), so a
 // batch of many runs costs a few statements.
 //
+// What the store wrote last it keeps, so that the next transaction on the
+// same rows need not read them: SQLite's single writer caches the runs
+// and leased tasks it committed (runcache.go); Postgres, whose rows other
+// nodes write too, caches runs by row version (versioncache.go) and the
+// tasks it leased (taskcache.go), and decides a report batch on them
+// without locking reads, writing each row only at the version it was
+// decided on (optimistic.go).
+//
 // It imports internal/store and the standard library; it must not import the
 // engine, runtime or api packages, nor a database driver (the sqlite and
 // postgres packages bring those; only its own tests open SQLite directly,

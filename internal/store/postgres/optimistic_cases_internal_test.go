@@ -25,14 +25,7 @@ func checkedStoreDSN(t *testing.T) (*Store, *store.Workflow, string) {
 	t.Helper()
 	t.Setenv("FERRY_RUNCACHE_CHECK", "1")
 	dsn := pgtest.DSN(t)
-	s := openNode(t, dsn)
-	if err := s.Migrate(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	wf, err := s.CreateWorkflow(t.Context(), &store.Workflow{Name: "chk", Fingerprint: "f", Definition: json.RawMessage(`{}`), Enabled: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, wf := withWorkflow(t, dsn, "chk")
 	return s, wf, dsn
 }
 
@@ -361,16 +354,7 @@ func TestOptimisticCheckedBatchLocksRunsInIDOrder(t *testing.T) {
 		known := map[string]string{ks[0].ID: ks[0].RunID, ks[1].ID: ks[1].RunID}
 		done := make(chan error, 1)
 		go func() {
-			errs, err := s.InTasks(ctx, ids, known, now.Add(time.Second), func(_ int, tx store.TaskTx) error {
-				k := tx.Task()
-				k.Status = status.TaskSucceeded
-				if err := tx.UpdateTask(k); err != nil {
-					return err
-				}
-				st := tx.Run().Step("a")
-				st.Status = status.StepSuccess
-				return tx.Run().UpdateStep(st)
-			})
+			errs, err := s.InTasks(ctx, ids, known, now.Add(time.Second), func(_ int, tx store.TaskTx) error { return succeedStep(tx) })
 			if err == nil {
 				err = errors.Join(errs...)
 			}

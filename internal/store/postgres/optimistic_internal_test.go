@@ -15,20 +15,39 @@ import (
 	"github.com/ferryhq/ferry/internal/store/postgres/pgtest"
 )
 
+// withWorkflow opens a migrated store on dsn with a workflow of that name.
+func withWorkflow(t *testing.T, dsn, name string) (*Store, *store.Workflow) {
+	t.Helper()
+	s := openNode(t, dsn)
+	if err := s.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	wf, err := s.CreateWorkflow(t.Context(), &store.Workflow{Name: name, Fingerprint: "f", Definition: json.RawMessage(`{}`), Enabled: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, wf
+}
+
+// succeedStep marks the transaction's task succeeded and its step with it.
+func succeedStep(tx store.TaskTx) error {
+	task := tx.Task()
+	task.Status = status.TaskSucceeded
+	if err := tx.UpdateTask(task); err != nil {
+		return err
+	}
+	st := tx.Run().Step(task.Step)
+	st.Status = status.StepSuccess
+	return tx.Run().UpdateStep(st)
+}
+
 // twoTaskRun opens a store on dsn (migrating it) and creates a run of two
 // running task steps, a and b, whose tasks that store claims: both tasks
 // are then in its task cache.
 func twoTaskRun(t *testing.T, dsn string) (*Store, *store.Run, map[string]*store.Task, time.Time) {
 	t.Helper()
 	ctx := t.Context()
-	s := openNode(t, dsn)
-	if err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	wf, err := s.CreateWorkflow(ctx, &store.Workflow{Name: "opt", Fingerprint: "f", Definition: json.RawMessage(`{}`), Enabled: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, wf := withWorkflow(t, dsn, "opt")
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	run, _, err := s.CreateRun(ctx, &store.NewRun{
 		Run: store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: now.Add(time.Hour), StartedAt: now},
@@ -100,20 +119,13 @@ func succeed(t *testing.T, s *Store, run *store.Run, k *store.Task, now time.Tim
 	t.Helper()
 	errs, err := s.InTasks(t.Context(), []string{k.ID}, map[string]string{k.ID: run.ID}, now, func(_ int, tx store.TaskTx) error {
 		*calls++
-		task := tx.Task()
-		if task.LeaseToken != k.LeaseToken {
+		if tx.Task().LeaseToken != k.LeaseToken {
 			return errStaleToken
 		}
-		task.Status = status.TaskSucceeded
-		if err := tx.UpdateTask(task); err != nil {
+		if err := succeedStep(tx); err != nil {
 			return err
 		}
-		st := tx.Run().Step(task.Step)
-		st.Status = status.StepSuccess
-		if err := tx.Run().UpdateStep(st); err != nil {
-			return err
-		}
-		return tx.Run().Append(store.NewEvent{Type: "step_succeeded", Step: task.Step})
+		return tx.Run().Append(store.NewEvent{Type: "step_succeeded", Step: k.Step})
 	})
 	if err == nil {
 		err = errs[0]
@@ -162,14 +174,7 @@ func TestOptimisticBatchOneRoundTrip(t *testing.T) {
 	ctx, recorded := spied(t.Context())
 	errs, err := s.InTasks(ctx, []string{ks["b"].ID}, map[string]string{ks["b"].ID: run.ID}, now, func(_ int, tx store.TaskTx) error {
 		calls++
-		task := tx.Task()
-		task.Status = status.TaskSucceeded
-		if err := tx.UpdateTask(task); err != nil {
-			return err
-		}
-		st := tx.Run().Step("b")
-		st.Status = status.StepSuccess
-		return tx.Run().UpdateStep(st)
+		return succeedStep(tx)
 	})
 	if err == nil {
 		err = errs[0]

@@ -167,19 +167,8 @@ func (s *Store) readUnlocked(ctx context.Context, conn *sql.Conn, begin []PipeQu
 		qs = append(qs, PipeQuery{SQL: q, Args: args, Rows: func(r PipeRows) error { return s.scanRunRows(ctx, conn, r, now, read) }})
 	}
 	if len(taskIDs) > 0 {
-		cond, args := s.inStrings("id", taskIDs)
-		qs = append(qs, PipeQuery{SQL: s.q(`SELECT ` + taskCols + `, event_seq, xmin::text FROM tasks WHERE ` + cond), Args: args, Rows: func(r PipeRows) error {
-			for r.Next() {
-				var seq int64
-				var ver string
-				t, err := scanTask(scanTail{r, []any{&seq, &ver}})
-				if err != nil {
-					return err
-				}
-				tasks[t.ID], versions[t.ID] = lockedTask{task: t, seq: seq}, ver
-			}
-			return r.Err()
-		}})
+		q, args := s.versionedTasksQuery(taskIDs)
+		qs = append(qs, PipeQuery{SQL: q, Args: args, Rows: func(r PipeRows) error { return scanVersionedTasks(r, tasks, versions) }})
 	}
 	if err := s.d.Pipeline(ctx, conn, qs); err != nil {
 		return fmt.Errorf("read: %w", err)
@@ -296,22 +285,51 @@ func (s *Store) checkCached(ctx context.Context, conn *sql.Conn, now time.Time, 
 			return fmt.Errorf("optimistic batch: run %s: steps in the run's row %v, the table's %v", id, got.inRow, w.inRow)
 		}
 	}
+	if len(tasks) == 0 {
+		return nil
+	}
+	wantTasks, wantVer := map[string]lockedTask{}, map[string]string{}
+	q, args := s.versionedTasksQuery(slices.Collect(maps.Keys(tasks)))
+	rows, err := conn.QueryContext(ctx, q, args...)
+	if err == nil {
+		err = scanVersionedTasks(rows, wantTasks, wantVer)
+		rows.Close()
+	}
+	if err != nil {
+		return fmt.Errorf("optimistic batch: check tasks: %w", err)
+	}
 	for id, got := range tasks {
-		var ver string
-		var seq int64
-		row := conn.QueryRowContext(ctx, s.q(`SELECT `+taskCols+`, event_seq, xmin::text FROM tasks WHERE id = ?`), id)
-		want, err := scanTask(scanTail{rowScanner{row}, []any{&seq, &ver}})
-		if err != nil {
-			return fmt.Errorf("optimistic batch: task %s: %w", id, err)
+		w, ok := wantTasks[id]
+		if !ok || wantVer[id] != versions[id] {
+			continue // gone or changed since: the write's check fails
 		}
-		if ver != versions[id] {
-			continue
-		}
-		if gi, wi := taskImage(got.task, got.seq), taskImage(want, seq); gi != wi {
+		if gi, wi := taskImage(got.task, got.seq), taskImage(w.task, w.seq); gi != wi {
 			return fmt.Errorf("optimistic batch: task %s differs from the table:\ncache %s\ntable %s", id, gi, wi)
 		}
 	}
 	return nil
+}
+
+// versionedTasksQuery reads tasks, without locking them, with their row
+// versions.
+func (s *Store) versionedTasksQuery(ids []string) (string, []any) {
+	cond, args := s.inStrings("id", ids)
+	return s.q(`SELECT ` + taskCols + `, event_seq, xmin::text FROM tasks WHERE ` + cond), args
+}
+
+// scanVersionedTasks reads versionedTasksQuery's rows into tasks and
+// versions.
+func scanVersionedTasks(r PipeRows, tasks map[string]lockedTask, versions map[string]string) error {
+	for r.Next() {
+		var seq int64
+		var ver string
+		t, err := scanTask(scanTail{r, []any{&seq, &ver}})
+		if err != nil {
+			return err
+		}
+		tasks[t.ID], versions[t.ID] = lockedTask{task: t, seq: seq}, ver
+	}
+	return r.Err()
 }
 
 // rowVersions reads the row versions of runs ids into out.
@@ -331,13 +349,6 @@ func (s *Store) rowVersions(ctx context.Context, conn *sql.Conn, ids []string, o
 	}
 	return rows.Err()
 }
-
-// rowScanner gives a *sql.Row the rows interface scanTail wraps.
-type rowScanner struct{ row *sql.Row }
-
-func (r rowScanner) Next() bool             { return true }
-func (r rowScanner) Scan(dest ...any) error { return r.row.Scan(dest...) }
-func (r rowScanner) Err() error             { return nil }
 
 // taskImage is a task, every field, nil-ness and time zones included.
 func taskImage(t *store.Task, seq int64) string {

@@ -54,7 +54,7 @@ type runCache struct {
 	// open group wrote (nil: forget), pendingTasks what the open request
 	// wrote, staged once it succeeds (a request that fails rolls its rows
 	// back: its writes are dropped, and what it read stays true).
-	tasks        map[string]cachedTask
+	tasks        taskEntries
 	stagedTasks  map[string]*cachedTask
 	pendingTasks []pendingTask
 	taskHits     atomic.Int64
@@ -98,7 +98,7 @@ const (
 
 func newRunCache() *runCache {
 	return &runCache{entries: newBounded(runCacheMax, runCacheBytes), staged: map[string]*cachedRun{},
-		tasks: map[string]cachedTask{}, stagedTasks: map[string]*cachedTask{}}
+		tasks: taskEntries{}, stagedTasks: map[string]*cachedTask{}}
 }
 
 // pendTasks records what the open request's changeset cs, just written,
@@ -198,17 +198,7 @@ func (c *runCache) commit() {
 	}
 	clear(c.staged)
 	for id, e := range c.stagedTasks {
-		if e == nil {
-			delete(c.tasks, id)
-			continue
-		}
-		if _, ok := c.tasks[id]; !ok && len(c.tasks) >= taskCacheMax {
-			for other := range c.tasks { // any one, as in taskCache
-				delete(c.tasks, other)
-				break
-			}
-		}
-		c.tasks[id] = *e
+		c.tasks.keep(id, e)
 	}
 	clear(c.stagedTasks)
 }
@@ -465,13 +455,8 @@ func (s *Store) VerifyRunCache(ctx context.Context) error {
 		diff = s.checkHits(ctx, tx, cached)
 		if diff == nil {
 			tasks := map[string]lockedTask{}
-			for id := range s.cache.tasks {
+			for _, id := range slices.Concat(slices.Collect(maps.Keys(s.cache.tasks)), slices.Collect(maps.Keys(s.cache.stagedTasks))) {
 				if e := s.cache.task(id); e != nil {
-					tasks[id] = lockedTask{task: &e.task, seq: e.seq}
-				}
-			}
-			for id, e := range s.cache.stagedTasks {
-				if e != nil {
 					tasks[id] = lockedTask{task: &e.task, seq: e.seq}
 				}
 			}

@@ -17,10 +17,31 @@ import (
 // batch start over the locking way.
 type taskCache struct {
 	mu sync.Mutex
-	m  map[string]cachedTask
-	// hits and stale count the report batches decided from the caches and
-	// those of them whose rows had changed (StoreStats).
+	m  taskEntries
+	// hits, stale and ineligible count the report batches written from
+	// the caches, found changed at their write, and decided again before
+	// anything was sent (OptimisticBatches).
 	hits, stale, ineligible atomic.Int64
+}
+
+// taskEntries are cached tasks, bounded by count (taskCacheMax); SQLite's
+// run cache keeps its committed tasks in one too.
+type taskEntries map[string]cachedTask
+
+// keep sets (e) or forgets (nil) a task's entry, evicting any other when
+// a new one would pass the bound: the cache is only a hint.
+func (m taskEntries) keep(id string, e *cachedTask) {
+	if e == nil {
+		delete(m, id)
+		return
+	}
+	if _, ok := m[id]; !ok && len(m) >= taskCacheMax {
+		for other := range m {
+			delete(m, other)
+			break
+		}
+	}
+	m[id] = *e
 }
 
 type cachedTask struct {
@@ -39,7 +60,7 @@ const (
 	taskCacheBodyMax = 1 << 10
 )
 
-func newTaskCache() *taskCache { return &taskCache{m: make(map[string]cachedTask)} }
+func newTaskCache() *taskCache { return &taskCache{m: taskEntries{}} }
 
 func (c *taskCache) get(id string) (cachedTask, bool) {
 	c.mu.Lock()
@@ -56,7 +77,7 @@ func (c *taskCache) put(cs *changeset) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	taskWrites(cs, cs.xid, c.keep)
+	taskWrites(cs, cs.xid, c.m.keep)
 }
 
 // taskWrites calls keep for every task cs writes, with what a task cache
@@ -88,20 +109,6 @@ func cacheable(t *store.Task, seq int64, version string) *cachedTask {
 		return nil
 	}
 	return &cachedTask{task: storedTask(t), seq: seq, version: version}
-}
-
-func (c *taskCache) keep(id string, e *cachedTask) {
-	if e == nil {
-		delete(c.m, id)
-		return
-	}
-	if _, ok := c.m[id]; !ok && len(c.m) >= taskCacheMax {
-		for other := range c.m { // any one: the cache is only a hint
-			delete(c.m, other)
-			break
-		}
-	}
-	c.m[id] = *e
 }
 
 func (c *taskCache) forget(ids []string) {

@@ -307,6 +307,60 @@ func (s twiceStore) InTasks(ctx context.Context, ids []string, runs map[string]s
 	return s.Store.InTasks(ctx, ids, runs, now, fn)
 }
 
+// FireTimers decides each fire transaction twice as well: first fn is
+// given the items read under their runs' locks in transactions rolled
+// back, then fn(nil, nil) drops that decision, as a store does when rows
+// it decided on changed since it read them (store.FireTimers).
+func (s twiceStore) FireTimers(ctx context.Context, runIDs []string, read []*store.QueueItem, now time.Time, lease time.Duration, fn func(*store.QueueItem, store.RunTx) error) (int, []error, error) {
+	called := false
+	for _, id := range runIDs {
+		err := s.Store.InRun(ctx, id, now, func(tx store.RunTx) error {
+			for _, it := range read {
+				if it.RunID == id && !it.DueAt.After(now) {
+					called = true
+					if err := fn(it, tx); err != nil {
+						return err
+					}
+				}
+			}
+			return errAbandoned // nothing of it is written
+		})
+		if err != nil && !errors.Is(err, errAbandoned) {
+			return 0, nil, err
+		}
+	}
+	if called {
+		if err := fn(nil, nil); err != nil {
+			return 0, nil, err
+		}
+	}
+	return s.Store.FireTimers(ctx, runIDs, read, now, lease, fn)
+}
+
+// TestHandoffAfterAWakeUpDecidedTwice: a wake-up decided twice lends the
+// task it starts to a waiting claim in each decision; the claim, room for
+// one task, gets the one the last decision committed.
+func TestHandoffAfterAWakeUpDecidedTwice(t *testing.T) {
+	forEachStore(t, func(t *testing.T, base *env) {
+		e := newEnv(t, twiceStore{base.st})
+		ctx := t.Context()
+		startRuntime(t, e.rt)
+		e.workflow(t, `{"name": "twice-nap", "tasks": {
+			"nap": {"sleep": "1s"},
+			"b": {"needs": ["nap"], "task": {"type": "twice.b.v1"}}}}`)
+		r := e.trigger(t, "twice-nap", `{}`)
+		done := e.waitingClaimOf(t, ctx, 7*time.Second, 1, "twice.b.v1")
+		wake := e.clk.Now().Add(time.Second)
+		testwait.Until(t, 10*time.Second, "the timer loop waiting for the wake-up", func() bool { return e.clk.HasTimerBy(wake) })
+		e.clk.Advance(time.Second)
+		got := recvClaim(t, done)
+		if got.err != nil || len(got.ts) != 1 || got.ts[0].RunID != r.ID {
+			t.Fatalf("claim = %+v, %v; want the wake-up's task", got.ts, got.err)
+		}
+		wantHandedOver(t, e, got.ts[0], "b")
+	})
+}
+
 // TestHandoffAfterADecisionAbandoned: a completion decided twice lends the
 // task it starts to a waiting claim in each decision; the claim, room for
 // one task, gets the one the last decision committed, handed over in that

@@ -132,6 +132,9 @@ type candidate struct {
 	run    string
 	due    time.Time // its earliest due timer
 	failed bool      // its last fire transaction failed: it goes alone
+	// items are its timers the read listed that are due (FireTimers may
+	// decide on them without reading them again).
+	items []*store.QueueItem
 }
 
 // beginRead numbers a read of due timers about to start. Runs whose fire
@@ -161,7 +164,7 @@ func (t *timerLoop) beginRead() int64 {
 func (t *timerLoop) candidates(items []*store.QueueItem, now time.Time, read int64) (out []candidate, next time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	seen := map[string]bool{}
+	seen := map[string]int{} // index in out
 	for _, it := range items {
 		id := it.RunID
 		f := t.failed[id]
@@ -170,7 +173,13 @@ func (t *timerLoop) candidates(items []*store.QueueItem, now time.Time, read int
 		// read may list that it fired, not for what came due after
 		// its transaction began (it took none of that).
 		firedSince := busy && v >= read && !it.DueAt.After(t.firedAt[id])
-		if (busy && v < 0) || firedSince || seen[id] || (f != nil && now.Before(f.until)) {
+		if (busy && v < 0) || firedSince || (f != nil && now.Before(f.until)) {
+			continue
+		}
+		if i, ok := seen[id]; ok {
+			if !it.DueAt.After(now) {
+				out[i].items = append(out[i].items, it)
+			}
 			continue
 		}
 		if it.DueAt.After(now) {
@@ -181,31 +190,34 @@ func (t *timerLoop) candidates(items []*store.QueueItem, now time.Time, read int
 			}
 			continue
 		}
-		seen[id] = true
-		out = append(out, candidate{run: id, due: it.DueAt, failed: f != nil})
+		seen[id] = len(out)
+		out = append(out, candidate{run: id, due: it.DueAt, failed: f != nil, items: []*store.QueueItem{it}})
 	}
 	return out, next
 }
 
-// chunk is the next fire transaction's runs, at most n of cs, and the due
-// time of its earliest timer: a run that failed before goes alone.
-func chunk(cs []candidate, n int) ([]string, time.Time) {
+// chunk is the next fire transaction's runs, at most n of cs, their due
+// timers read, and the due time of its earliest timer: a run that failed
+// before goes alone.
+func chunk(cs []candidate, n int) ([]string, []*store.QueueItem, time.Time) {
 	if len(cs) == 0 {
-		return nil, time.Time{}
+		return nil, nil, time.Time{}
 	}
 	if cs[0].failed {
-		return []string{cs[0].run}, cs[0].due
+		return []string{cs[0].run}, cs[0].items, cs[0].due
 	}
 	var runs []string
+	var items []*store.QueueItem
 	for _, c := range cs {
 		if len(runs) == n {
 			break
 		}
 		if !c.failed {
 			runs = append(runs, c.run)
+			items = append(items, c.items...)
 		}
 	}
-	return runs, cs[0].due
+	return runs, items, cs[0].due
 }
 
 // mark records runs as being fired by a transaction that takes what is
@@ -359,7 +371,7 @@ func (r *Runtime) runTimers(ctx context.Context) {
 		// a burst goes out as several transactions at once.
 		cands, next := t.candidates(items, now, read)
 		free := cap(t.lanes) - len(t.lanes) + 1
-		runs, oldest := chunk(cands, min(max((len(cands)+free-1)/free, 1), t.shape.chunk))
+		runs, due, oldest := chunk(cands, min(max((len(cands)+free-1)/free, 1), t.shape.chunk))
 		if len(runs) == 0 {
 			<-t.lanes
 			// Nothing due now that is not being fired or held back.
@@ -395,7 +407,7 @@ func (r *Runtime) runTimers(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ok := r.fireTimers(ctx, runs)
+			ok := r.fireTimers(ctx, runs, due)
 			if late {
 				r.yield.release()
 			}
@@ -484,15 +496,22 @@ func (r *Runtime) sleepTimers(ctx context.Context, after time.Time, busy bool, a
 }
 
 // fireTimers applies the due timers of runs in one transaction and tells
-// whether it committed.
-func (r *Runtime) fireTimers(ctx context.Context, runs []string) bool {
+// whether it committed; read is what the loop read of them.
+func (r *Runtime) fireTimers(ctx context.Context, runs []string, read []*store.QueueItem) bool {
 	// Once queued, the transaction runs even if ctx ends (shutdown): its
 	// decisions must not fail half-way for that, or the timer would be
 	// held for a lease.
 	wctx := context.WithoutCancel(ctx)
 	var expired []string
 	of := r.newOffer() // the steps that follow go to waiting claims
-	_, errs, err := r.st.FireTimers(ctx, runs, r.clk.Now(), r.cfg.Lease, func(it *store.QueueItem, tx store.RunTx) error {
+	_, errs, err := r.st.FireTimers(ctx, runs, read, r.clk.Now(), r.cfg.Lease, func(it *store.QueueItem, tx store.RunTx) error {
+		if it == nil {
+			// The store decides again (store.Store.FireTimers): what
+			// the decision before lent and noted is not committed.
+			of.restart()
+			expired = expired[:0]
+			return nil
+		}
 		switch it.Kind {
 		case store.KindWake:
 			return r.timerTx(wctx, tx, it, status.StepSleeping, status.StepSuccess, "step_succeeded", "", of)

@@ -44,7 +44,7 @@ func (f *fireSpy) DueTimers(ctx context.Context, now, until time.Time, max int, 
 	return items, err
 }
 
-func (f *fireSpy) FireTimers(ctx context.Context, runs []string, now time.Time, lease time.Duration, fn func(*store.QueueItem, store.RunTx) error) (int, []error, error) {
+func (f *fireSpy) FireTimers(ctx context.Context, runs []string, read []*store.QueueItem, now time.Time, lease time.Duration, fn func(*store.QueueItem, store.RunTx) error) (int, []error, error) {
 	f.mu.Lock()
 	f.calls = append(f.calls, append([]string(nil), runs...))
 	before := f.before
@@ -54,7 +54,7 @@ func (f *fireSpy) FireTimers(ctx context.Context, runs []string, now time.Time, 
 			return 0, nil, err
 		}
 	}
-	return f.Store.FireTimers(ctx, runs, now, lease, fn)
+	return f.Store.FireTimers(ctx, runs, read, now, lease, fn)
 }
 
 func (f *fireSpy) callsOf(run string) int {

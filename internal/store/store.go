@@ -269,9 +269,13 @@ type Store interface {
 	// and a read full of them would hide the timers due after them.
 	DueTimers(ctx context.Context, now, until time.Time, max int, skip ...string) ([]*QueueItem, error)
 	// FireTimers applies the due timer items of the given runs in one
-	// transaction, calling fn for each under its run's lock; see
+	// transaction, calling fn for each under its run's lock; read, when
+	// not nil, is the caller's DueTimers read, which the store may decide
+	// on instead of reading the items again. It may then decide the
+	// transaction again: it calls fn(nil, nil) to say that what fn did
+	// so far is dropped, then fn for the items again. See
 	// sqlstore.Store.FireTimers.
-	FireTimers(ctx context.Context, runIDs []string, now time.Time, lease time.Duration, fn func(it *QueueItem, tx RunTx) error) (taken int, errs []error, err error)
+	FireTimers(ctx context.Context, runIDs []string, read []*QueueItem, now time.Time, lease time.Duration, fn func(it *QueueItem, tx RunTx) error) (taken int, errs []error, err error)
 	// NextDue is the earliest time later than after (any time, when after
 	// is zero) at which an item of one of kinds becomes due: its due time,
 	// or its lease end while it is leased. No kinds means the kinds kept as

@@ -875,7 +875,7 @@ func TestPipelineFireTimersFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	fire := func() (int, []error, error) {
-		return s.FireTimers(ctx, []string{run.ID}, now, time.Minute, func(_ *store.QueueItem, tx store.RunTx) error {
+		return s.FireTimers(ctx, []string{run.ID}, nil, now, time.Minute, func(_ *store.QueueItem, tx store.RunTx) error {
 			st := tx.Step("s")
 			st.Status = status.StepSuccess
 			return tx.UpdateStep(st)

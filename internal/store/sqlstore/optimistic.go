@@ -57,11 +57,13 @@ func (noReads) QueryContext(context.Context, string, ...any) (*sql.Rows, error) 
 }
 func (noReads) QueryRowContext(context.Context, string, ...any) *sql.Row { return nil }
 
-// optimistic decides a report batch on the cached runs and tasks and
-// those it reads without locking, and writes it guarded. done false: it
-// wrote nothing, and the batch is to be decided again the locking way
-// (failed says whether apply failed a task).
-func (s *Store) optimistic(ctx context.Context, runIDs, taskIDs []string, now time.Time, apply func(context.Context, *changeset, map[string]*runTx, map[string]lockedTask), failed func() bool) (_ *changeset, done bool, err error) {
+// optimistic decides a batch on the cached runs and tasks and those it
+// reads without locking, and writes it guarded. apply decides it into cs;
+// it returns guarded parts of its own to write in the same statement
+// (a fire's queue rows), or ok false when the batch is to be decided the
+// locking way (a task or timer failed). done false: it wrote nothing, and
+// the batch is to be decided again the locking way.
+func (s *Store) optimistic(ctx context.Context, runIDs, taskIDs []string, now time.Time, apply func(context.Context, *changeset, map[string]*runTx, map[string]lockedTask) (extra []part, ok bool)) (_ *changeset, done bool, err error) {
 	runs, tasks, versions, missRuns, missTasks := s.fromCaches(ctx, runIDs, taskIDs, now)
 	conn, err := s.w.Conn(ctx)
 	if err != nil {
@@ -95,13 +97,13 @@ func (s *Store) optimistic(ctx context.Context, runIDs, taskIDs []string, now ti
 		}
 	}
 	cs := &changeset{versions: versions}
-	apply(ctx, cs, runs, tasks)
-	if failed() || !guardable(cs, runs, tasks) {
+	extra, ok := apply(ctx, cs, runs, tasks)
+	if !ok || !guardable(cs, runs, tasks) {
 		s.tcache.ineligible.Add(1)
 		return nil, false, nil
 	}
 	parts, events := s.flushParts(cs)
-	all := append(parts[:len(parts):len(parts)], events()...)
+	all := append(append(parts[:len(parts):len(parts)], events()...), extra...)
 	if params(all) > maxStmtParams {
 		// One statement or none: the guard is a check of that statement.
 		s.tcache.ineligible.Add(1)

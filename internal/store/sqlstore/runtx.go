@@ -505,9 +505,20 @@ func (s *Store) DueTimers(ctx context.Context, now, until time.Time, max int, sk
 // the whole call fails, and the caller holds its runs back as after any
 // failed transaction. taken counts the items fn was called for.
 //
+// read, when given, is the caller's own read of these runs' due items
+// (DueTimers). On Postgres, when the runs are in the version cache, the
+// transaction is decided on the cached runs and on read, without a locking
+// read, and written in one round trip
+// that checks nothing it rests on changed: each run is still at its cached
+// version and each item still queued, due and not leased (see
+// optimistic.go). Otherwise, or when the check fails, it is decided again
+// the locking way: fn is first called with a nil item and transaction, to
+// drop what it did for the decision abandoned, then for the items again.
+// Items of these runs missing from read wait for a later call.
+//
 // On SQLite the write goes ahead of other queued writes: a timer's due
 // time is a promise, a worker's report can wait one group.
-func (s *Store) FireTimers(ctx context.Context, runIDs []string, now time.Time, lease time.Duration, fn func(it *store.QueueItem, tx store.RunTx) error) (int, []error, error) {
+func (s *Store) FireTimers(ctx context.Context, runIDs []string, read []*store.QueueItem, now time.Time, lease time.Duration, fn func(it *store.QueueItem, tx store.RunTx) error) (int, []error, error) {
 	if len(runIDs) == 0 {
 		return 0, nil, nil
 	}
@@ -519,6 +530,7 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, now time.Time, 
 	itemsArgs := append(ids, ts(now), ts(now))
 	var taken int
 	var errs []error
+	called := false // fn was given an item
 	// fire applies the items under their runs' locks, the expiries of the
 	// locked runs among them, and says which to delete and which to hold
 	// for the lease. An expiry has no row to hold: when it fails, the
@@ -545,6 +557,7 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, now time.Time, 
 				taken-- // a timer before it in this call finished the run
 				continue
 			}
+			called = true
 			if err := cs.apply(rt, perRun[it.RunID] > 1, func(*changeset) error { return fn(it, rt) }); err != nil {
 				if it.Kind == store.KindRunExpire {
 					return nil, nil, fmt.Errorf("expiry of run %s: %w", it.RunID, err)
@@ -577,6 +590,32 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, now time.Time, 
 	}
 	var cs *changeset
 	var err error
+	if s.d.Pipeline != nil && s.tcache != nil && len(read) > 0 {
+		// Postgres, decided on the caller's read and the cached runs:
+		// one round trip, or decided again below.
+		items := dueRead(read, runIDs, now)
+		var done bool
+		cs, done, err = s.optimistic(ctx, runIDs, nil, now, func(_ context.Context, cs *changeset, runs map[string]*runTx, _ map[string]lockedTask) ([]part, bool) {
+			fired, failed, err := fire(cs, runs, items)
+			if err != nil || len(failed) > 0 {
+				return nil, false
+			}
+			if len(fired) == 0 {
+				return nil, true
+			}
+			return []part{s.firedPart(fired, now)}, true
+		})
+		if err != nil {
+			return 0, nil, err
+		}
+		if done {
+			s.committed(cs)
+			return taken, errs, nil
+		}
+		if called {
+			_ = fn(nil, nil) // the decision is dropped: see above
+		}
+	}
 	if s.d.Pipeline != nil {
 		// Postgres: two round trips (see pipeline.go).
 		var items []*store.QueueItem
@@ -622,6 +661,32 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, now time.Time, 
 	}
 	s.committed(cs)
 	return taken, errs, nil
+}
+
+// dueRead is what of read FireTimers may fire without reading the queue
+// again: the queue rows (not expiries, which come from the runs) of runIDs
+// due at now, in read's order (due time, id), as copies.
+func dueRead(read []*store.QueueItem, runIDs []string, now time.Time) []*store.QueueItem {
+	var items []*store.QueueItem
+	for _, it := range read {
+		if it.ID != 0 && store.IsTimer(it.Kind) && !it.DueAt.After(now) {
+			if _, ok := slices.BinarySearch(runIDs, it.RunID); ok {
+				c := *it
+				items = append(items, &c)
+			}
+		}
+	}
+	return items
+}
+
+// firedPart deletes the queue rows ids that an optimistic fire applied,
+// guarded: each must still be queued, due at now and not leased (another
+// node's fire, or a failed item held for its lease, left it otherwise).
+func (s *Store) firedPart(ids []any, now time.Time) part {
+	return part{key: stmtKey{"delete (guarded)", "queue", 0}, args: []any{ids, ts(now), ts(now)}, what: "delete fired queue items", guard: len(ids),
+		text: func() string {
+			return `DELETE FROM queue WHERE id = ANY(CAST(? AS ` + s.cast(cInt) + `[])) AND ` + timersDue + ` RETURNING 1`
+		}}
 }
 
 // scanQueueItems reads rows of id, kind, run_id, step, attempt, due_at.

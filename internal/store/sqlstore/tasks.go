@@ -445,7 +445,7 @@ func (s *Store) InTasks(ctx context.Context, ids []string, known map[string]stri
 	for j, i := range todo {
 		taskIDs[j] = ids[i]
 	}
-	apply := func(ctx context.Context, cs *changeset, runs map[string]*runTx, tasks map[string]lockedTask) {
+	apply := func(ctx context.Context, cs *changeset, runs map[string]*runTx, tasks map[string]lockedTask) bool {
 		for _, i := range todo {
 			t, ok := tasks[ids[i]]
 			if !ok {
@@ -463,16 +463,16 @@ func (s *Store) InTasks(ctx context.Context, ids []string, known map[string]stri
 				return fn(i, &taskTx{s: s, ctx: ctx, cs: sub, task: t.task, run: rt, now: now, seq: t.seq})
 			})
 		}
+		return !slices.ContainsFunc(todo, func(i int) bool { return errs[i] != nil })
 	}
 	var cs *changeset
 	if s.d.Pipeline != nil && s.tcache != nil {
 		// Postgres, every run and task cached: one round trip (see
 		// optimistic.go), or decided again below.
 		var done bool
-		failed := func() bool {
-			return slices.ContainsFunc(todo, func(i int) bool { return errs[i] != nil })
-		}
-		if cs, done, err = s.optimistic(ctx, runIDs, taskIDs, now, apply, failed); err != nil {
+		if cs, done, err = s.optimistic(ctx, runIDs, taskIDs, now, func(ctx context.Context, cs *changeset, runs map[string]*runTx, tasks map[string]lockedTask) ([]part, bool) {
+			return nil, apply(ctx, cs, runs, tasks)
+		}); err != nil {
 			return nil, err
 		}
 		if done {

@@ -35,7 +35,7 @@ func testExpiryAfterFinish(t *testing.T, s store.Store) {
 	}
 	wakeFirst, expiryFirst := mk(time.Second), mk(3*time.Second)
 	var fired []string
-	n, errs, err := s.FireTimers(ctx, []string{wakeFirst.ID, expiryFirst.ID}, at(5*time.Second), time.Minute, func(it *store.QueueItem, tx store.RunTx) error {
+	n, errs, err := s.FireTimers(ctx, []string{wakeFirst.ID, expiryFirst.ID}, nil, at(5*time.Second), time.Minute, func(it *store.QueueItem, tx store.RunTx) error {
 		fired = append(fired, it.RunID+" "+it.Kind)
 		if status.RunTerminal(tx.Run().Status) {
 			return nil
@@ -155,7 +155,7 @@ func testRunExpiry(t *testing.T, s store.Store) {
 	diff(t, "due expiries", want, due)
 
 	var fired []*store.QueueItem
-	n, errs, err := s.FireTimers(ctx, []string{a.ID, b.ID, c.ID, d.ID}, at(20*time.Second), time.Minute, func(it *store.QueueItem, tx store.RunTx) error {
+	n, errs, err := s.FireTimers(ctx, []string{a.ID, b.ID, c.ID, d.ID}, nil, at(20*time.Second), time.Minute, func(it *store.QueueItem, tx store.RunTx) error {
 		fired = append(fired, it)
 		return timeout(tx, at(20*time.Second))
 	})
@@ -212,7 +212,7 @@ func testExpiryFailure(t *testing.T, s store.Store) {
 	exp := expiringRun(t, s, wf, status.RunRunning, at(2*time.Second))
 	sleeper := mkSimpleRun(t, s, wf, store.QueueItem{Kind: store.KindWake, Step: "b", DueAt: at(time.Second)})
 	boom := errors.New("boom")
-	_, _, err := s.FireTimers(ctx, []string{exp.ID, sleeper.ID}, at(5*time.Second), time.Minute, func(it *store.QueueItem, tx store.RunTx) error {
+	_, _, err := s.FireTimers(ctx, []string{exp.ID, sleeper.ID}, nil, at(5*time.Second), time.Minute, func(it *store.QueueItem, tx store.RunTx) error {
 		if it.Kind == store.KindRunExpire {
 			return boom
 		}
@@ -257,7 +257,7 @@ func testLegacyExpiryRows(t *testing.T, s store.Store) {
 	must(t, err, "DueTimers")
 	diff(t, "due after migrating", []*store.QueueItem{{Kind: store.KindRunExpire, RunID: r.ID, DueAt: at(3 * time.Second)}}, due)
 	calls := 0
-	n, _, err := s.FireTimers(ctx, []string{r.ID}, at(5*time.Second), time.Minute, func(it *store.QueueItem, tx store.RunTx) error {
+	n, _, err := s.FireTimers(ctx, []string{r.ID}, nil, at(5*time.Second), time.Minute, func(it *store.QueueItem, tx store.RunTx) error {
 		calls++
 		return timeout(tx, at(5*time.Second))
 	})

@@ -24,6 +24,7 @@ var queueTests = []test{
 	{"FireTimers", testFireTimers},
 	{"DueTimersEarliestAcrossKinds", testDueTimersOrder},
 	{"ConcurrentFireTimersExactlyOnce", testFireTimersConcurrent},
+	{"FireTimersOnTheirRead", testFireTimersOnRead},
 	{"NextDueByKindAfter", testNextDueKinds},
 	{"ClaimOnlyKinds", testClaimKinds},
 }
@@ -46,6 +47,22 @@ func testClaimKinds(t *testing.T, s store.Store) {
 	}
 }
 
+// wakeB is a wake-up of mkSimpleRun's step b due at d.
+func wakeB(d time.Duration) store.QueueItem {
+	return store.QueueItem{Kind: store.KindWake, Step: "b", DueAt: at(d)}
+}
+
+// succeedB fires a wake-up of mkSimpleRun's step b: it succeeds, with its
+// event.
+func succeedB(_ *store.QueueItem, tx store.RunTx) error {
+	st := tx.Step("b")
+	st.Status = status.StepSuccess
+	if err := tx.UpdateStep(st); err != nil {
+		return err
+	}
+	return tx.Append(store.NewEvent{Type: "step_succeeded", Step: "b"})
+}
+
 // testFireTimers: the due timers of the given runs are applied in one
 // call; HTTP items and timers not yet due are left; a failing item keeps
 // its row, held for the lease, and its writes are dropped; a second call
@@ -53,12 +70,9 @@ func testClaimKinds(t *testing.T, s store.Store) {
 func testFireTimers(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	wf := mkWorkflow(t, s, "wf")
-	wake := func(d time.Duration) store.QueueItem {
-		return store.QueueItem{Kind: store.KindWake, Step: "b", DueAt: at(d)}
-	}
-	r1 := mkSimpleRun(t, s, wf, wake(time.Second))
-	r2 := mkSimpleRun(t, s, wf, wake(2*time.Second), store.QueueItem{Kind: store.KindHTTP, Step: "a", DueAt: t0})
-	r3 := mkSimpleRun(t, s, wf, wake(time.Hour))
+	r1 := mkSimpleRun(t, s, wf, wakeB(time.Second))
+	r2 := mkSimpleRun(t, s, wf, wakeB(2*time.Second), store.QueueItem{Kind: store.KindHTTP, Step: "a", DueAt: t0})
+	r3 := mkSimpleRun(t, s, wf, wakeB(time.Hour))
 	bad := mkSimpleRun(t, s, wf, store.QueueItem{Kind: store.KindWaitTimeout, Step: "b", DueAt: at(time.Second)})
 	due, err := s.DueTimers(ctx, at(5*time.Second), at(5*time.Second), 10)
 	must(t, err, "DueTimers")
@@ -75,12 +89,7 @@ func testFireTimers(t *testing.T, s store.Store) {
 	var fired []string
 	fire := func(it *store.QueueItem, tx store.RunTx) error {
 		fired = append(fired, it.RunID+":"+it.Kind)
-		st := tx.Step("b")
-		st.Status = status.StepSuccess
-		if err := tx.UpdateStep(st); err != nil {
-			return err
-		}
-		if err := tx.Append(store.NewEvent{Type: "step_succeeded", Step: "b"}); err != nil {
+		if err := succeedB(it, tx); err != nil {
 			return err
 		}
 		if it.RunID == bad.ID {
@@ -89,7 +98,7 @@ func testFireTimers(t *testing.T, s store.Store) {
 		return nil
 	}
 	all := []string{r1.ID, r2.ID, r3.ID, bad.ID}
-	n, errs, err := s.FireTimers(ctx, all, at(5*time.Second), time.Minute, fire)
+	n, errs, err := s.FireTimers(ctx, all, nil, at(5*time.Second), time.Minute, fire)
 	must(t, err, "FireTimers")
 	if n != 3 || len(errs) != 1 || !errors.Is(errs[0], boom) {
 		t.Fatalf("FireTimers took %d items with errors %v, want 3 and one boom", n, errs)
@@ -108,7 +117,7 @@ func testFireTimers(t *testing.T, s store.Store) {
 	// Fired items are gone, and the failed one is held for a minute: not
 	// due again before then.
 	fired = nil
-	n, _, err = s.FireTimers(ctx, all, at(30*time.Second), time.Minute, fire)
+	n, _, err = s.FireTimers(ctx, all, nil, at(30*time.Second), time.Minute, fire)
 	must(t, err, "FireTimers within the lease")
 	if n != 0 {
 		t.Errorf("FireTimers again within the failed item's lease took %d items (%v), want 0", n, fired)
@@ -211,7 +220,9 @@ func testFireTimersConcurrent(t *testing.T, s store.Store) {
 
 // fireConcurrently has 4 timer loops fire overlapping windows of n of
 // ids (loop g starts 10·g runs in) at now, applying each item with apply,
-// and returns how many times each run's items were applied.
+// and returns how many times each run's items were applied (in the
+// decisions that committed). Two of the loops give FireTimers their own
+// read of what is due, as the runtime's timer loop does.
 func fireConcurrently(t *testing.T, s store.Store, ids []string, n int, now time.Time, apply func(*store.QueueItem, store.RunTx) error) map[string]int {
 	t.Helper()
 	var mu sync.Mutex
@@ -223,14 +234,25 @@ func fireConcurrently(t *testing.T, s store.Store, ids []string, n int, now time
 		go func() {
 			defer wg.Done()
 			mine := append(slices.Clone(ids[g*10:]), ids[:g*10]...)[:n]
-			_, errs, err := s.FireTimers(t.Context(), mine, now, time.Minute, func(it *store.QueueItem, tx store.RunTx) error {
-				mu.Lock()
-				count[it.RunID]++
-				mu.Unlock()
-				return apply(it, tx)
-			})
+			var read []*store.QueueItem
+			if g%2 == 1 {
+				var err error
+				if read, err = s.DueTimers(t.Context(), now, now, 1000); err != nil {
+					errc <- err
+					return
+				}
+			}
+			fn, decided := lastDecision(apply)
+			_, errs, err := s.FireTimers(t.Context(), mine, read, now, time.Minute, fn)
 			if err == nil && len(errs) > 0 {
 				err = errs[0]
+			}
+			if err == nil {
+				mu.Lock()
+				for _, it := range decided() {
+					count[it.RunID]++
+				}
+				mu.Unlock()
 			}
 			errc <- err
 		}()
@@ -285,7 +307,7 @@ func testNextDueKinds(t *testing.T, s store.Store) {
 	check("of timers after 5s, with an HTTP attempt leased", at(5*time.Second), at(time.Hour), store.TimerKinds...)
 	// A timer whose fire failed is held for the lease: it is next due at
 	// the hold's end.
-	_, errs, err := s.FireTimers(ctx, []string{wake.ID}, at(6*time.Second), time.Minute, func(*store.QueueItem, store.RunTx) error {
+	_, errs, err := s.FireTimers(ctx, []string{wake.ID}, nil, at(6*time.Second), time.Minute, func(*store.QueueItem, store.RunTx) error {
 		return errors.New("boom")
 	})
 	must(t, err, "FireTimers")
@@ -649,5 +671,109 @@ func testSweep(t *testing.T, s store.Store) {
 	must(t, err, "Sweep again")
 	if n != 0 {
 		t.Errorf("second Sweep removed %d items, want 0", n)
+	}
+}
+
+// lastDecision wraps fn as FireTimers asks of its caller: fn(nil, nil)
+// drops the decision so far. decided lists the items of the last one.
+func lastDecision(fn func(*store.QueueItem, store.RunTx) error) (wrapped func(*store.QueueItem, store.RunTx) error, decided func() []*store.QueueItem) {
+	var items []*store.QueueItem
+	return func(it *store.QueueItem, tx store.RunTx) error {
+			if it == nil {
+				items = nil
+				return nil
+			}
+			items = append(items, it)
+			return fn(it, tx)
+		}, func() []*store.QueueItem {
+			return items
+		}
+}
+
+// testFireTimersOnRead: FireTimers given the caller's read of what is
+// due applies what the read lists as without it, and what changed since
+// the read is applied as it is now, not as the read had it: an item fired
+// since is not fired again, one held for its lease since is not fired,
+// and a run written since keeps that write.
+func testFireTimersOnRead(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	r1 := mkSimpleRun(t, s, wf, wakeB(time.Second))
+	r2 := mkSimpleRun(t, s, wf, wakeB(2*time.Second), store.QueueItem{Kind: store.KindHTTP, Step: "a", DueAt: t0})
+	later := mkSimpleRun(t, s, wf, wakeB(time.Hour))
+	held := mkSimpleRun(t, s, wf, wakeB(3*time.Second))
+	written := mkSimpleRun(t, s, wf, wakeB(4*time.Second))
+	now := at(5 * time.Second)
+	read, err := s.DueTimers(ctx, now, now, 10)
+	must(t, err, "DueTimers")
+	if len(read) != 4 {
+		t.Fatalf("read %d due items, want 4", len(read))
+	}
+	fire := func(runs []string, now time.Time, apply func(*store.QueueItem, store.RunTx) error) (int, []string) {
+		t.Helper()
+		fn, decided := lastDecision(apply)
+		n, errs, err := s.FireTimers(ctx, runs, read, now, time.Minute, fn)
+		must(t, err, "FireTimers")
+		if len(errs) > 0 {
+			t.Fatalf("FireTimers errors: %v", errs)
+		}
+		var got []string
+		for _, it := range decided() {
+			got = append(got, it.RunID)
+		}
+		sort.Strings(got)
+		return n, got
+	}
+	wantRun := func(id, step string, evs ...string) {
+		t.Helper()
+		_, steps := getRun(t, s, id)
+		if st := stepNamed(t, steps, "b"); st.Status != step {
+			t.Errorf("run %s step b = %s, want %s", id, st.Status, step)
+		}
+		diff(t, "events of run "+id, append([]string{}, evs...), eventTypes(events(t, s, id)))
+	}
+
+	n, got := fire([]string{r1.ID, r2.ID, later.ID}, now, succeedB)
+	want := []string{r1.ID, r2.ID}
+	sort.Strings(want)
+	if n != 2 {
+		t.Errorf("FireTimers on the read took %d items, want 2", n)
+	}
+	diff(t, "fired on the read", want, got)
+	wantRun(r1.ID, status.StepSuccess, "step_succeeded")
+	wantRun(r2.ID, status.StepSuccess, "step_succeeded")
+	wantRun(later.ID, status.StepPending)
+
+	// The same read again: what it lists was fired since.
+	if n, got := fire([]string{r1.ID, r2.ID}, now, succeedB); n != 0 || len(got) != 0 {
+		t.Errorf("FireTimers on a read whose items were fired since took %d items (%v), want none", n, got)
+	}
+	wantRun(r1.ID, status.StepSuccess, "step_succeeded")
+	wantRun(r2.ID, status.StepSuccess, "step_succeeded")
+
+	// Held for its lease since the read (its fire failed elsewhere).
+	_, errs, err := s.FireTimers(ctx, []string{held.ID}, nil, now, time.Minute, func(*store.QueueItem, store.RunTx) error {
+		return errors.New("boom")
+	})
+	must(t, err, "FireTimers that fails")
+	if len(errs) != 1 {
+		t.Fatalf("failing FireTimers errors %v, want one", errs)
+	}
+	if n, got := fire([]string{held.ID}, now, succeedB); n != 0 || len(got) != 0 {
+		t.Errorf("FireTimers on a read whose item is held since took %d items (%v), want none", n, got)
+	}
+	wantRun(held.ID, status.StepPending)
+
+	// Its run written since the read.
+	must(t, s.InRun(ctx, written.ID, now, func(tx store.RunTx) error {
+		return tx.Append(store.NewEvent{Type: "noted"})
+	}), "InRun")
+	if n, got := fire([]string{written.ID}, now, succeedB); n != 1 || len(got) != 1 {
+		t.Errorf("FireTimers on a read whose run was written since took %d items (%v), want 1", n, got)
+	}
+	wantRun(written.ID, status.StepSuccess, "noted", "step_succeeded")
+
+	if due, err := s.DueTimers(ctx, now, now, 10); err != nil || len(due) != 0 {
+		t.Errorf("due after the calls: %d items, %v; want none (the held one is leased)", len(due), err)
 	}
 }

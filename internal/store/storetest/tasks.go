@@ -1353,7 +1353,7 @@ func testCancelTasksManyIDs(t *testing.T, s store.Store) {
 	ids1[10000], ids1[15000] = k1.ID, other.ID
 	ids2 := append(unknown("b", 20000), k2.ID)
 	// Both runs' expiries are due: one timer transaction stops both.
-	n, errs, err := s.FireTimers(t.Context(), []string{r1.ID, r2.ID}, at(2*time.Hour), time.Minute, func(it *store.QueueItem, tx store.RunTx) error {
+	n, errs, err := s.FireTimers(t.Context(), []string{r1.ID, r2.ID}, nil, at(2*time.Hour), time.Minute, func(it *store.QueueItem, tx store.RunTx) error {
 		if it.RunID == r1.ID {
 			return tx.CancelTasks(ids1...)
 		}

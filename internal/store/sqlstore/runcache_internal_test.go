@@ -25,6 +25,35 @@ func checkBounded(t *testing.T, b *bounded, what string) {
 	}
 }
 
+// TestBoundedCacheForgetsOldestFirst: beyond its count the cache forgets
+// the entries kept longest ago, an entry kept again counting from then,
+// and what it remembers of the order stays within a small multiple of its
+// entries however often they are kept again.
+func TestBoundedCacheForgetsOldestFirst(t *testing.T) {
+	b := newBounded(4, 1<<20)
+	for i := range 4 {
+		b.keep(fmt.Sprint(i), &cachedRun{size: 1})
+	}
+	b.keep("0", &cachedRun{size: 1}) // 0 kept again: 1 is now the oldest
+	b.keep("4", &cachedRun{size: 1})
+	b.keep("5", &cachedRun{size: 1})
+	for id, want := range map[string]bool{"0": true, "1": false, "2": false, "3": true, "4": true, "5": true} {
+		if got := b.get(id) != nil; got != want {
+			t.Errorf("entry %s cached = %v, want %v", id, got, want)
+		}
+	}
+	for i := range 10000 {
+		b.keep(fmt.Sprint(i%3), &cachedRun{size: 1})
+		checkBounded(t, &b, fmt.Sprintf("after %d entries kept again", i+1))
+	}
+	if n := len(b.order) - b.head; n > 2*len(b.m)+64 {
+		t.Errorf("the order holds %d items for %d entries", n, len(b.m))
+	}
+	if b.get("5") == nil || b.get("3") != nil {
+		t.Errorf("after 0, 1 and 2 were kept again: 5 cached %v, 3 cached %v; want 5 (kept after 3), not 3", b.get("5") != nil, b.get("3") != nil)
+	}
+}
+
 // TestBoundedCache: the run caches stay within their count and byte
 // bounds, evicting to make room, and count each entry at the size it was
 // kept at even when the entry is changed afterwards (the SQLite cache lays

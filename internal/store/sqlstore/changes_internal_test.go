@@ -1,0 +1,50 @@
+package sqlstore
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/ferryhq/ferry/internal/store"
+)
+
+// TestChangesetKeepsEachRowOnce: however many rows a changeset holds
+// (past indexAfter it indexes them), a step written again takes the place
+// of the step of the same run and name, in its position, and a run or
+// task written again is listed once; merging keeps that.
+func TestChangesetKeepsEachRowOnce(t *testing.T) {
+	for _, n := range []int{3, indexAfter, 5 * indexAfter} {
+		c := &changeset{}
+		runs := make([]*runTx, n)
+		tasks := make([]*taskTx, n)
+		for i := range n {
+			runs[i], tasks[i] = &runTx{}, &taskTx{}
+			c.run(runs[i])
+			c.task(tasks[i])
+			c.step(&store.StepRun{RunID: fmt.Sprint("r", i), Name: "a"})
+			c.step(&store.StepRun{RunID: fmt.Sprint("r", i), Name: "b"})
+		}
+		sub := &changeset{}
+		again := &store.StepRun{RunID: "r1", Name: "b", Status: "again"}
+		for i := range n {
+			sub.run(runs[i])
+			sub.task(tasks[i])
+		}
+		sub.step(again)
+		sub.step(&store.StepRun{RunID: "new", Name: "a"})
+		c.merge(sub)
+		c.run(runs[0])
+		c.task(tasks[n-1])
+		if len(c.runs) != n || len(c.tasks) != n {
+			t.Errorf("n=%d: %d runs and %d tasks listed, want %d of each", n, len(c.runs), len(c.tasks), n)
+		}
+		if len(c.steps) != 2*n+1 {
+			t.Errorf("n=%d: %d steps listed, want %d", n, len(c.steps), 2*n+1)
+		}
+		if c.steps[3] != again {
+			t.Errorf("n=%d: step 3 is %+v, want the step written again in the place of r1's b", n, c.steps[3])
+		}
+		if last := c.steps[len(c.steps)-1]; last.RunID != "new" {
+			t.Errorf("n=%d: the last step is %+v, want the new one", n, last)
+		}
+	}
+}

@@ -10,9 +10,9 @@
 // same rows need not read them: SQLite's single writer caches the runs
 // and leased tasks it committed (runcache.go); Postgres, whose rows other
 // nodes write too, caches runs by row version (versioncache.go) and the
-// tasks it leased (taskcache.go), and decides a report batch on them
-// without locking reads, writing each row only at the version it was
-// decided on (optimistic.go).
+// tasks it leased (taskcache.go), and decides a report batch or a fire
+// transaction on them without locking reads, writing each row only at
+// the version it was decided on (optimistic.go).
 //
 // It imports internal/store and the standard library; it must not import the
 // engine, runtime or api packages, nor a database driver (the sqlite and

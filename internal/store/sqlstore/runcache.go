@@ -195,8 +195,10 @@ func (b *bounded) keep(id string, e *cachedRun) {
 		b.order[b.head] = keptAt{}
 		b.head++
 	}
-	if live := len(b.order) - b.head; live > 2*len(b.m)+64 {
-		// Mostly entries kept again since: drop those.
+	if live := len(b.order) - b.head; live > 2*len(b.m)+64 || b.head > 2*len(b.m)+64 {
+		// Mostly entries kept again since, or the front long consumed
+		// (the array behind it is not reclaimed while anything after it
+		// is in use): a new array of what is current.
 		kept := make([]keptAt, 0, 2*len(b.m)+64)
 		for _, k := range b.order[b.head:] {
 			if old, ok := b.m[k.id]; ok && old.n == k.n {

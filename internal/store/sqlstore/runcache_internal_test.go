@@ -52,6 +52,13 @@ func TestBoundedCacheForgetsOldestFirst(t *testing.T) {
 	if b.get("5") == nil || b.get("3") != nil {
 		t.Errorf("after 0, 1 and 2 were kept again: 5 cached %v, 3 cached %v; want 5 (kept after 3), not 3", b.get("5") != nil, b.get("3") != nil)
 	}
+	// New entries beyond the count, each forgetting the oldest.
+	for i := range 10000 {
+		b.keep(fmt.Sprint("new", i), &cachedRun{size: 1})
+	}
+	if n := cap(b.order); n > 4*(2*len(b.m)+64) {
+		t.Errorf("after 10,000 entries beyond the count the order's array holds %d items for %d entries", n, len(b.m))
+	}
 }
 
 // TestBoundedCache: the run caches stay within their count and byte

@@ -148,8 +148,8 @@ func (of *offer) lend(ctx context.Context, w *waiter, t *store.Task, now time.Ti
 
 // restart forgets what the write's last decision lent: the store may
 // decide a batch of reports or a fire transaction again, and only its
-// last decision commits (store.InTasks, store.FireTimers). The reserved claims stay reserved, their room free
-// for the decision that follows.
+// last decision commits (store.InTasks, store.FireTimers). The reserved
+// claims stay reserved, their room free for the decision that follows.
 func (of *offer) restart() {
 	if of == nil {
 		return

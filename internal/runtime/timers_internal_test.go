@@ -311,6 +311,31 @@ func TestTimerCandidatesKeepWhatIsNotDue(t *testing.T) {
 	}
 }
 
+// TestTimerChunksCarryTheirItems: a fire transaction's runs come with the
+// items the read listed of them that are due (the store may fire those
+// without reading them again), every one of a run's, and none of a run
+// left out of the chunk; a failed run goes alone, with its own.
+func TestTimerChunksCarryTheirItems(t *testing.T) {
+	tl := newTimerLoop(concurrentTimers)
+	now := time.Date(2026, 2, 22, 10, 0, 0, 0, time.UTC)
+	ms := func(n int) time.Time { return now.Add(time.Duration(n) * time.Millisecond) }
+	a1 := &store.QueueItem{ID: 1, RunID: "a", DueAt: ms(-3)}
+	b1 := &store.QueueItem{ID: 2, RunID: "b", DueAt: ms(-2)}
+	a2 := &store.QueueItem{ID: 3, RunID: "a", DueAt: ms(-1)}
+	c1 := &store.QueueItem{ID: 4, RunID: "c", DueAt: now}
+	a3 := &store.QueueItem{ID: 5, RunID: "a", DueAt: ms(1)} // not due
+	cs, _ := tl.candidates([]*store.QueueItem{a1, b1, a2, c1, a3}, now, tl.beginRead())
+	runs, items, oldest := chunk(cs, 2)
+	if !slices.Equal(runs, []string{"a", "b"}) || !slices.Equal(items, []*store.QueueItem{a1, a2, b1}) || !oldest.Equal(ms(-3)) {
+		t.Fatalf("chunk of 2 = %v, items %v, oldest %v; want [a b], a's two due items and b's, -3ms", runs, items, oldest)
+	}
+	tl.failed["b"] = &timerFailure{}
+	cs, _ = tl.candidates([]*store.QueueItem{b1, c1}, now, tl.beginRead())
+	if runs, items, _ := chunk(cs, 2); !slices.Equal(runs, []string{"b"}) || !slices.Equal(items, []*store.QueueItem{b1}) {
+		t.Fatalf("with b failed before: chunk = %v, items %v; want b alone with its item", runs, items)
+	}
+}
+
 // TestHeldRunsDoNotHideLaterTimers: when a whole read's worth of runs is
 // held back after failing, the timers due after them are still read and
 // fired: a read leaves held runs out (a failing expiry, which has no row

@@ -182,3 +182,77 @@ func TestOptimisticFireRunWrittenElsewhere(t *testing.T) {
 	}
 	wantSteps(t, a, run.ID, map[string]string{"nap": status.StepSuccess})
 }
+
+// TestOptimisticFireExpiryInTheRead: a run's expiry the read lists is
+// applied in the one round trip, dropping the run's queue; one the read
+// did not reach is left for a later call (the run's timers it did not
+// reach may be due first).
+func TestOptimisticFireExpiryInTheRead(t *testing.T) {
+	ctx := t.Context()
+	s, wf := withWorkflow(t, pgtest.DSN(t), "exp")
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	run, _, err := s.CreateRun(ctx, &store.NewRun{
+		Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: now.Add(-time.Second), StartedAt: now.Add(-time.Minute)},
+		Steps: []*store.StepRun{{Name: "nap", Type: "sleep", Status: status.StepSleeping}},
+		Queue: []store.QueueItem{{Kind: store.KindWake, Step: "nap", DueAt: now.Add(-2 * time.Second)}},
+	}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.InRun(ctx, run.ID, now, func(tx store.RunTx) error {
+		return tx.Append(store.NewEvent{Type: "cached"})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	expire := func(it *store.QueueItem, tx store.RunTx) error {
+		if it == nil {
+			kinds = nil
+			return nil
+		}
+		kinds = append(kinds, it.Kind)
+		if it.Kind != store.KindRunExpire {
+			return wake(false, new(int), new(int))(it, tx)
+		}
+		r := *tx.Run()
+		r.Status, r.FinishedAt = status.RunTimeout, &now
+		if err := tx.UpdateRun(&r); err != nil {
+			return err
+		}
+		return tx.DropQueue()
+	}
+	// The read reaches the wake-up only: the expiry waits.
+	read, err := s.DueTimers(ctx, now, now, 1)
+	if err != nil || len(read) != 1 || read[0].Kind != store.KindWake {
+		t.Fatalf("DueTimers = %+v, %v; want the wake-up alone", read, err)
+	}
+	before := counts(s)
+	if _, _, err := s.FireTimers(ctx, []string{run.ID}, read, now, time.Minute, expire); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(kinds, []string{store.KindWake}) {
+		t.Errorf("a read of the wake-up alone applied %v, want the wake-up alone", kinds)
+	}
+	if got := counts(s); got.written != before.written+1 {
+		t.Errorf("optimistic batches %+v after %+v, want one more written", got, before)
+	}
+	// Now the read lists the expiry: one round trip.
+	read, err = s.DueTimers(ctx, now, now, 10)
+	if err != nil || len(read) != 1 || read[0].Kind != store.KindRunExpire {
+		t.Fatalf("DueTimers = %+v, %v; want the expiry", read, err)
+	}
+	kinds, before = nil, counts(s)
+	sctx, recorded := spied(ctx)
+	if _, _, err := s.FireTimers(sctx, []string{run.ID}, read, now, time.Minute, expire); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(kinds, []string{store.KindRunExpire}) {
+		t.Errorf("applied %v, want the expiry", kinds)
+	}
+	if got := counts(s); got.written != before.written+1 || len(recorded()) != 1 {
+		t.Errorf("optimistic batches %+v after %+v, %d pipelines; want one more written, in one", got, before, len(recorded()))
+	}
+	if r, _, err := s.GetRun(ctx, run.ID); err != nil || r.Status != status.RunTimeout {
+		t.Errorf("run = %+v, %v; want timed out", r, err)
+	}
+}

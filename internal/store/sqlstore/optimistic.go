@@ -41,6 +41,13 @@ import (
 // InTasks says so. The workflow's name, which a run's row version does not
 // cover (a workflow renamed since the run was cached), is not read by
 // anything a report decides.
+//
+// A fire transaction of due timers (FireTimers) is written the same way,
+// decided on the cached runs and on the timer loop's own unlocked read of
+// what is due. Its extra guarded clauses delete the queue rows it fired
+// only where they are still due and not held for a lease, and check that
+// none of its runs' timers due before what it applied was left out (the
+// read did not reach it, or a commit queued it since).
 
 // errNoRead is what a run of an optimistic batch answers a read with: the
 // batch has no transaction yet. No report reads; one that did is decided
@@ -359,10 +366,11 @@ func taskImage(t *store.Task, seq int64) string {
 		timeImage(&t.CreatedAt), timeImage(&t.UpdatedAt), timeImage(t.FinishedAt), t.ToWaitingClaim}, seq)
 }
 
-// OptimisticBatches counts the report batches decided on cached and
-// unlocked rows (Postgres): written so, found stale at their write (then
-// decided again the locking way), and decided again before anything was
-// sent (a task failed, or the batch wrote less than it read).
+// OptimisticBatches counts the report batches and fire transactions
+// decided on cached and unlocked rows (Postgres): written so, found stale
+// at their write (then decided again the locking way), and decided again
+// before anything was sent (a task or timer failed, or the batch wrote
+// less than it read).
 func (s *Store) OptimisticBatches() (written, stale, redecided int64) {
 	if s.tcache == nil {
 		return 0, 0, 0

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"sort"
@@ -532,13 +533,22 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, read []*store.Q
 	var errs []error
 	called := false // fn was given an item
 	// fire applies the items under their runs' locks, the expiries of the
-	// locked runs among them, and says which to delete and which to hold
-	// for the lease. An expiry has no row to hold: when it fails, the
-	// transaction does, and the caller holds its runs back.
-	fire := func(cs *changeset, runs map[string]*runTx, items []*store.QueueItem) (done, failed []any, err error) {
+	// locked runs among them (of those in expiring, if not nil), and says
+	// which to delete and which to hold for the lease. An expiry has no
+	// row to hold: when it fails, the transaction does, and the caller
+	// holds its runs back. until, if not nil, gets the latest due time
+	// each run's items had.
+	fire := func(cs *changeset, runs map[string]*runTx, items []*store.QueueItem, expiring map[string]bool, until map[string]time.Time) (done, failed []any, err error) {
 		for _, id := range runIDs {
-			if rt := runs[id]; rt != nil && runLive(rt.run.Status) && !rt.run.ExpiresAt.After(now) {
+			if rt := runs[id]; rt != nil && runLive(rt.run.Status) && !rt.run.ExpiresAt.After(now) && (expiring == nil || expiring[id]) {
 				items = append(items, expiryItem(id, rt.run.ExpiresAt))
+			}
+		}
+		if until != nil {
+			for _, it := range items {
+				if it.DueAt.After(until[it.RunID]) {
+					until[it.RunID] = it.DueAt
+				}
 			}
 		}
 		sort.SliceStable(items, func(i, j int) bool { return items[i].DueAt.Before(items[j].DueAt) })
@@ -593,17 +603,19 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, read []*store.Q
 	if s.d.Pipeline != nil && s.tcache != nil && len(read) > 0 {
 		// Postgres, decided on the caller's read and the cached runs:
 		// one round trip, or decided again below.
-		items := dueRead(read, runIDs, now)
+		items, expiring := dueRead(read, runIDs, now)
 		var done bool
 		cs, done, err = s.optimistic(ctx, runIDs, nil, now, func(_ context.Context, cs *changeset, runs map[string]*runTx, _ map[string]lockedTask) ([]part, bool) {
-			fired, failed, err := fire(cs, runs, items)
+			until := map[string]time.Time{}
+			fired, failed, err := fire(cs, runs, items, expiring, until)
 			if err != nil || len(failed) > 0 {
 				return nil, false
 			}
-			if len(fired) == 0 {
-				return nil, true
+			ps := []part{s.noneSkippedPart(until, fired, now)}
+			if len(fired) > 0 {
+				ps = append(ps, s.firedPart(fired, now))
 			}
-			return []part{s.firedPart(fired, now)}, true
+			return ps, true
 		})
 		if err != nil {
 			return 0, nil, err
@@ -623,7 +635,7 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, read []*store.Q
 			items, err = scanQueueItems(r)
 			return err
 		}}}, func(cs *changeset, runs map[string]*runTx) ([]PipeQuery, error) {
-			return settle(fire(cs, runs, items))
+			return settle(fire(cs, runs, items, nil, nil))
 		})
 	} else {
 		err = s.writeUrgent(ctx, func(ctx context.Context, tx *sql.Tx) error {
@@ -641,7 +653,7 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, read []*store.Q
 			if err != nil {
 				return err
 			}
-			after, err := settle(fire(cs, runs, items))
+			after, err := settle(fire(cs, runs, items, nil, nil))
 			if err != nil {
 				return err
 			}
@@ -664,19 +676,53 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, read []*store.Q
 }
 
 // dueRead is what of read FireTimers may fire without reading the queue
-// again: the queue rows (not expiries, which come from the runs) of runIDs
-// due at now, in read's order (due time, id), as copies.
-func dueRead(read []*store.QueueItem, runIDs []string, now time.Time) []*store.QueueItem {
+// again: the queue rows of runIDs due at now, in read's order (due time,
+// id), as copies, and the runs whose expiry read lists as due (an expiry
+// comes from its run, but only one the read reached may be applied: a
+// run's timers the read did not reach may be due before it).
+func dueRead(read []*store.QueueItem, runIDs []string, now time.Time) ([]*store.QueueItem, map[string]bool) {
 	var items []*store.QueueItem
+	expiring := map[string]bool{}
 	for _, it := range read {
-		if it.ID != 0 && store.IsTimer(it.Kind) && !it.DueAt.After(now) {
-			if _, ok := slices.BinarySearch(runIDs, it.RunID); ok {
-				c := *it
-				items = append(items, &c)
-			}
+		if it.DueAt.After(now) {
+			continue
+		}
+		if _, ok := slices.BinarySearch(runIDs, it.RunID); !ok {
+			continue
+		}
+		switch {
+		case it.Kind == store.KindRunExpire:
+			expiring[it.RunID] = true
+		case slices.Contains(queueTimers, it.Kind) && it.ID != 0:
+			c := *it
+			items = append(items, &c)
 		}
 	}
-	return items
+	return items, expiring
+}
+
+// noneSkippedPart is the guard that an optimistic fire left out none of
+// its runs' timers due before what it applied: a timer queued after the
+// read, due already (a commit of this node, whose version the cache
+// holds), or one the read did not reach. The locking way applies a run's
+// due timers in due order; one left behind that was due first could have
+// changed what the later ones do, or be dropped unapplied by a timer that
+// ends the run. until is each run's latest due time applied, fired the
+// queue rows applied.
+func (s *Store) noneSkippedPart(until map[string]time.Time, fired []any, now time.Time) part {
+	runs := make([]any, 0, len(until))
+	dues := make([]any, 0, len(until))
+	for _, id := range slices.Sorted(maps.Keys(until)) {
+		runs, dues = append(runs, id), append(dues, ts(until[id]))
+	}
+	if fired == nil {
+		fired = []any{}
+	}
+	return part{key: stmtKey{"none skipped", "queue", 0}, args: []any{runs, dues, fired, ts(now), ts(now)}, what: "check the timers left", guard: 1,
+		text: func() string {
+			return `SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM queue q, unnest(CAST(? AS ` + s.cast(cText) + `[]), CAST(? AS ` + s.cast(cInt) + `[])) AS v(run, until) ` +
+				`WHERE q.run_id = v.run AND q.due_at <= v.until AND NOT (q.id = ANY(CAST(? AS ` + s.cast(cInt) + `[]))) AND ` + timersDue + `)`
+		}}
 }
 
 // firedPart deletes the queue rows ids that an optimistic fire applied,

@@ -18,9 +18,9 @@ import (
 type taskCache struct {
 	mu sync.Mutex
 	m  taskEntries
-	// hits, stale and ineligible count the report batches written from
-	// the caches, found changed at their write, and decided again before
-	// anything was sent (OptimisticBatches).
+	// hits, stale and ineligible count the report batches and fire
+	// transactions written from the caches, found changed at their write,
+	// and decided again before anything was sent (OptimisticBatches).
 	hits, stale, ineligible atomic.Int64
 }
 

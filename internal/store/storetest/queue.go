@@ -25,6 +25,8 @@ var queueTests = []test{
 	{"DueTimersEarliestAcrossKinds", testDueTimersOrder},
 	{"ConcurrentFireTimersExactlyOnce", testFireTimersConcurrent},
 	{"FireTimersOnTheirRead", testFireTimersOnRead},
+	{"FireTimersOnACutRead", testFireTimersOnCutRead},
+	{"FireTimersOnAReadMissingAnEarlierTimer", testFireTimersReadMissingEarlier},
 	{"NextDueByKindAfter", testNextDueKinds},
 	{"ClaimOnlyKinds", testClaimKinds},
 }
@@ -733,7 +735,7 @@ func testFireTimersOnRead(t *testing.T, s store.Store) {
 		diff(t, "events of run "+id, append([]string{}, evs...), eventTypes(events(t, s, id)))
 	}
 
-	n, got := fire([]string{r1.ID, r2.ID, later.ID}, now, succeedB)
+	n, got := fire([]string{r1.ID, r2.ID}, now, succeedB)
 	want := []string{r1.ID, r2.ID}
 	sort.Strings(want)
 	if n != 2 {
@@ -742,6 +744,10 @@ func testFireTimersOnRead(t *testing.T, s store.Store) {
 	diff(t, "fired on the read", want, got)
 	wantRun(r1.ID, status.StepSuccess, "step_succeeded")
 	wantRun(r2.ID, status.StepSuccess, "step_succeeded")
+	// A run with nothing due.
+	if n, got := fire([]string{later.ID}, now, succeedB); n != 0 || len(got) != 0 {
+		t.Errorf("FireTimers of a run with nothing due took %d items (%v), want none", n, got)
+	}
 	wantRun(later.ID, status.StepPending)
 
 	// The same read again: what it lists was fired since.
@@ -776,4 +782,112 @@ func testFireTimersOnRead(t *testing.T, s store.Store) {
 	if due, err := s.DueTimers(ctx, now, now, 10); err != nil || len(due) != 0 {
 		t.Errorf("due after the calls: %d items, %v; want none (the held one is leased)", len(due), err)
 	}
+}
+
+// timedRun is a run expiring at exp whose step nap sleeps and whose step
+// hook waits for a callback, with queue items; applyTimer applies one of
+// its timers as the runtime would, an expiry dropping the run's queue.
+func timedRun(t *testing.T, s store.Store, wf *store.Workflow, exp time.Time, queue ...store.QueueItem) *store.Run {
+	t.Helper()
+	r := baseRun(wf, "")
+	r.ExpiresAt = exp
+	return mkRun(t, s, &store.NewRun{Run: r, Queue: queue, Steps: []*store.StepRun{
+		{Name: "nap", Position: 0, Type: "sleep", Status: status.StepSleeping},
+		{Name: "hook", Position: 1, Type: "webhook", Status: status.StepWaiting},
+	}})
+}
+
+func applyTimer(now time.Time) func(*store.QueueItem, store.RunTx) error {
+	return func(it *store.QueueItem, tx store.RunTx) error {
+		switch it.Kind {
+		case store.KindWake:
+			st := tx.Step("nap")
+			st.Status = status.StepSuccess
+			if err := tx.UpdateStep(st); err != nil {
+				return err
+			}
+		case store.KindWaitTimeout:
+			st := tx.Step("hook")
+			st.Status = status.StepTimeout
+			if err := tx.UpdateStep(st); err != nil {
+				return err
+			}
+		case store.KindRunExpire:
+			if err := timeout(tx, now); err != nil {
+				return err
+			}
+			if err := tx.DropQueue(); err != nil {
+				return err
+			}
+		}
+		return tx.Append(store.NewEvent{Type: it.Kind})
+	}
+}
+
+// testFireTimersOnCutRead: a read cut short (at its size) lists a run's
+// first timer, not the later ones nor its expiry, due after them;
+// FireTimers on it applies what the read reached, and the run's other
+// timers and its expiry are applied by later calls, each once, in due
+// order, none dropped unapplied by the expiry.
+func testFireTimersOnCutRead(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	r := timedRun(t, s, wf, at(5*time.Second),
+		store.QueueItem{Kind: store.KindWake, Step: "nap", DueAt: at(3 * time.Second)},
+		store.QueueItem{Kind: store.KindWaitTimeout, Step: "hook", DueAt: at(4 * time.Second)})
+	now := at(6 * time.Second)
+	var applied []string
+	for range 5 {
+		read, err := s.DueTimers(ctx, now, now, 1)
+		must(t, err, "DueTimers")
+		if len(read) == 0 {
+			break
+		}
+		fn, decided := lastDecision(applyTimer(now))
+		_, errs, err := s.FireTimers(ctx, []string{r.ID}, read, now, time.Minute, fn)
+		must(t, err, "FireTimers")
+		if len(errs) > 0 {
+			t.Fatalf("FireTimers errors: %v", errs)
+		}
+		for _, it := range decided() {
+			applied = append(applied, it.Kind)
+		}
+	}
+	diff(t, "timers applied", []string{store.KindWake, store.KindWaitTimeout, store.KindRunExpire}, applied)
+	diff(t, "events", []string{store.KindWake, store.KindWaitTimeout, store.KindRunExpire}, eventTypes(events(t, s, r.ID)))
+	_, steps := getRun(t, s, r.ID)
+	if st := stepNamed(t, steps, "hook"); st.Status != status.StepTimeout {
+		t.Errorf("step hook = %s, want timeout", st.Status)
+	}
+}
+
+// testFireTimersReadMissingEarlier: a timer queued after the caller's
+// read, due before what the read lists (this node's own write, so its
+// run's cached version is current), is applied first, in the same call,
+// as without a read.
+func testFireTimersReadMissingEarlier(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	r := timedRun(t, s, wf, at(time.Hour), store.QueueItem{Kind: store.KindWake, Step: "nap", DueAt: at(3 * time.Second)})
+	now := at(6 * time.Second)
+	read, err := s.DueTimers(ctx, now, now, 10)
+	must(t, err, "DueTimers")
+	must(t, s.InRun(ctx, r.ID, now, func(tx store.RunTx) error {
+		if err := tx.Enqueue(store.QueueItem{Kind: store.KindWaitTimeout, Step: "hook", DueAt: at(2 * time.Second)}); err != nil {
+			return err
+		}
+		return tx.Append(store.NewEvent{Type: "queued"})
+	}), "InRun")
+	fn, decided := lastDecision(applyTimer(now))
+	n, errs, err := s.FireTimers(ctx, []string{r.ID}, read, now, time.Minute, fn)
+	must(t, err, "FireTimers")
+	if len(errs) > 0 || n != 2 {
+		t.Fatalf("FireTimers took %d items, errors %v; want both", n, errs)
+	}
+	var got []string
+	for _, it := range decided() {
+		got = append(got, it.Kind)
+	}
+	diff(t, "timers applied", []string{store.KindWaitTimeout, store.KindWake}, got)
+	diff(t, "events", []string{"queued", store.KindWaitTimeout, store.KindWake}, eventTypes(events(t, s, r.ID)))
 }

@@ -40,6 +40,10 @@ type changeset struct {
 	// placed is, for each run whose row flush wrote, the names of its
 	// steps that row now holds (runTx.inRow once this commits).
 	placed map[string]map[string]bool
+	// packed is, for each run whose row flush wrote, its steps' forms in
+	// that row (cachedRun.packed once this commits), for runs of
+	// packedMemoSteps or more steps.
+	packed map[string][]string
 	// versions, set for an optimistic batch (Postgres), are the row
 	// versions its runs and tasks were decided on, by id: its updates
 	// write a row only at that version (updateByID).
@@ -935,7 +939,13 @@ func (s *Store) flushParts(c *changeset) ([]part, func() []part) {
 			c.placed = make(map[string]map[string]bool, len(c.runs))
 		}
 		c.placed[r.run.ID] = placed
-		packed := packSteps(committed, short)
+		packed, forms := packStepsMemo(committed, short, r.base)
+		if forms != nil {
+			if c.packed == nil {
+				c.packed = make(map[string][]string, len(c.runs))
+			}
+			c.packed[r.run.ID] = forms
+		}
 		if s.cache != nil && r.base != nil && r.base.run.Status == r.run.Status && r.base.run.Error == r.run.Error && timePtrEqual(r.base.run.FinishedAt, r.run.FinishedAt) {
 			seqOnly = append(seqOnly, []any{r.run.ID, ts(r.updatedAt), r.seq, packed, rowEvents[r.run.ID]})
 		} else {

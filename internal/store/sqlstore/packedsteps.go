@@ -97,6 +97,63 @@ func packSteps(steps []*store.StepRun, short bool) string {
 	return string(append(b, ']'))
 }
 
+// packedMemoSteps is the fewest steps of a run whose steps' packed forms
+// its cache entry keeps: every write of a step rewrites the run's row with
+// all its steps, and repacking the nine a chain10 step did not change was
+// ≈4 % of Ferry's CPU; a run of one or two steps (a job, a sleeper) has
+// little to repack, and a hundred thousand of them asleep would hold the
+// forms in memory for nothing.
+const packedMemoSteps = 4
+
+// packStepsMemo is packSteps for a run whose steps' forms base (its
+// cache entry, if any) may hold: a step that is base's own (not written
+// since) is taken as base packed it. forms are every step's form, "" for
+// one not in the row, for the run's next cache entry (nil for a run of
+// fewer than packedMemoSteps steps).
+func packStepsMemo(steps []*store.StepRun, short bool, base *cachedRun) (string, []string) {
+	if len(steps) < packedMemoSteps {
+		return packSteps(steps, short), nil
+	}
+	forms := make([]string, len(steps))
+	all, n, size := true, 0, 2
+	for i, st := range steps {
+		if !packable(st, short) {
+			all = false
+			continue
+		}
+		if base != nil && len(base.packed) == len(base.steps) && i < len(base.steps) && st == &base.steps[i] && base.packed[i] != "" {
+			forms[i] = base.packed[i]
+		} else {
+			forms[i] = string(appendPackedStep(nil, st, 0))
+		}
+		n++
+		size += len(forms[i]) + 1
+	}
+	if n == 0 {
+		return "", forms
+	}
+	b := make([]byte, 0, size+16)
+	b = append(b, '[')
+	first := true
+	for _, f := range forms {
+		if f == "" {
+			continue
+		}
+		if !first {
+			b = append(b, ',')
+		} else if all {
+			// The first carries the run's step count (see packSteps).
+			b = append(b, `{"N":`...)
+			b = strconv.AppendInt(b, int64(len(steps)), 10)
+			b = append(b, ',')
+			f = f[1:]
+		}
+		first = false
+		b = append(b, f...)
+	}
+	return string(append(b, ']')), forms
+}
+
 // appendPackedStep appends st as the run row holds it (see packedStep),
 // with what a step_runs row would keep of it: an empty request or body
 // is no request or body. A count above zero is written as "N".

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/ferryhq/ferry/internal/store"
 	"pgregory.net/rapid"
@@ -149,4 +150,61 @@ func TestParsePackedRefuses(t *testing.T) {
 	if err != nil || len(got) != 1 || got[0].Error != "a/bé" {
 		t.Errorf("unpackSteps through encoding/json = %v, %v", got, err)
 	}
+}
+
+// TestPackedStepsMemoMatchesPacking: a run's row written with the forms
+// its cache entry kept is byte for byte the row packSteps writes, over a
+// run's life of writes, each laying some steps over the entry as stage
+// does; with a step too large for the row, and for runs too short to keep
+// forms.
+func TestPackedStepsMemoMatchesPacking(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 12).Draw(t, "steps")
+		e := &cachedRun{run: store.Run{ID: "r"}, steps: make([]store.StepRun, n)}
+		for i := range e.steps {
+			e.steps[i] = store.StepRun{RunID: "r", Name: "s" + strings.Repeat("x", i), Position: i, Type: "task", Status: "pending"}
+		}
+		short := rapid.Bool().Draw(t, "short")
+		for w := range rapid.IntRange(1, 6).Draw(t, "writes") {
+			// What this write changes, as new step values (UpdateStep's).
+			written := map[[2]string]*store.StepRun{}
+			for _, i := range rapid.SliceOfNDistinct(rapid.IntRange(0, n-1), 0, n, rapid.ID[int]).Draw(t, "written") {
+				st := e.steps[i]
+				st.Status = rapid.SampledFrom([]string{"running", "success", "failed"}).Draw(t, "status")
+				st.Attempt = w + 1
+				if rapid.IntRange(0, 9).Draw(t, "big") == 0 {
+					st.Body = []byte(strings.Repeat("b", stepRowBytes+1)) // not packable
+				} else {
+					st.Body = []byte(rapid.StringMatching(`[a-z"\\]{0,20}`).Draw(t, "body"))
+				}
+				at := time.Unix(1700000000, int64(w)*1001).UTC()
+				st.FinishedAt = &at
+				written[stepKey(&st)] = &st
+			}
+			rt := &runTx{run: &e.run, base: e}
+			committed := rt.committedSteps(written)
+			got, forms := packStepsMemo(committed, short, e)
+			if want := packSteps(committed, short); got != want {
+				t.Fatalf("write %d: row %q, want %q", w, got, want)
+			}
+			if (forms != nil) != (n >= packedMemoSteps) {
+				t.Fatalf("write %d: forms kept for a run of %d steps: %v", w, n, forms != nil)
+			}
+			for i, f := range forms {
+				// A step not written since is taken as the entry had it.
+				if written[stepKey(&e.steps[i])] == nil && e.packed != nil && e.packed[i] != "" && unsafe.StringData(f) != unsafe.StringData(e.packed[i]) {
+					t.Fatalf("write %d: step %d, not written, was packed again", w, i)
+				}
+			}
+			// The next entry, as stage lays this write over it.
+			next := e.clone()
+			next.packed = forms
+			for i := range next.steps {
+				if st := written[[2]string{"r", next.steps[i].Name}]; st != nil {
+					overlayStep(&next.steps[i], st)
+				}
+			}
+			e = next
+		}
+	})
 }

@@ -74,6 +74,10 @@ type cachedRun struct {
 	seq       int64
 	updatedAt time.Time
 	size      int // bytes it holds, as counted against runCacheBytes
+	// packed are its steps' forms in the run's row (appendPackedStep,
+	// without the count), where known: a run of packedMemoSteps or more
+	// steps rewrites all of them at every step's write (packStepsMemo).
+	packed []string
 }
 
 // The run caches are bounded by count and by bytes: a run in flight is
@@ -317,10 +321,11 @@ type writes struct {
 	runs   map[string]bool
 	steps  map[[2]string]*store.StepRun
 	placed map[string]map[string]bool // see changeset.placed
+	packed map[string][]string        // see changeset.packed
 }
 
 func (cs *changeset) written() writes {
-	w := writes{runs: make(map[string]bool, len(cs.runs)), steps: make(map[[2]string]*store.StepRun, len(cs.steps)), placed: cs.placed}
+	w := writes{runs: make(map[string]bool, len(cs.runs)), steps: make(map[[2]string]*store.StepRun, len(cs.steps)), placed: cs.placed, packed: cs.packed}
 	for _, r := range cs.runs {
 		w.runs[r.run.ID] = true
 	}
@@ -344,6 +349,12 @@ func (w writes) persisted(e *cachedRun, rt *runTx) bool {
 		e.updatedAt = dbTime(rt.updatedAt)
 		e.run.UpdatedAt, e.seq = e.updatedAt, rt.seq
 		e.inRow = w.placed[id]
+		// The forms the run's row was written with, of the steps as
+		// laid over below (overlayStep keeps what they hold).
+		e.packed = w.packed[id]
+		if len(e.packed) != len(e.steps) {
+			e.packed = nil
+		}
 	}
 	for i := range e.steps {
 		b := &e.steps[i]
@@ -360,6 +371,9 @@ func (e *cachedRun) measure() bool {
 	for i := range e.steps {
 		b := &e.steps[i]
 		body += len(b.Body) + len(b.Request) + len(b.Error)
+	}
+	for _, p := range e.packed {
+		body += len(p)
 	}
 	e.size = cachedRunSize + len(e.steps)*cachedStepSize + body
 	return body <= runCacheBodyMax

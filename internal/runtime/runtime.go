@@ -554,10 +554,6 @@ func (c *changes) touch(s *store.StepRun) {
 // decide asks the engine what moves now and applies it to the in-memory run
 // and steps, collecting the writes.
 func (r *Runtime) decide(def *spec.Workflow, run *store.Run, steps []*store.StepRun, ch *changes) {
-	byName := make(map[string]*store.StepRun, len(steps))
-	for _, s := range steps {
-		byName[s.Name] = s
-	}
 	in := engine.Run{
 		Def:            def,
 		TriggerBody:    run.Input,
@@ -572,8 +568,16 @@ func (r *Runtime) decide(def *spec.Workflow, run *store.Run, steps []*store.Step
 		}
 	}
 	now := ch.now
-	for _, d := range engine.Next(in) {
-		s := byName[d.Step]
+	decisions := engine.Next(in)
+	var byName map[string]*store.StepRun
+	if len(decisions) > 1 && len(steps) > 16 {
+		byName = make(map[string]*store.StepRun, len(steps))
+		for _, s := range steps {
+			byName[s.Name] = s
+		}
+	}
+	for _, d := range decisions {
+		s := stepNamed(steps, byName, d.Step)
 		ch.touch(s)
 		switch d.Action {
 		case engine.Skip:
@@ -628,14 +632,35 @@ func (r *Runtime) decide(def *spec.Workflow, run *store.Run, steps []*store.Step
 			ch.events = append(ch.events, store.NewEvent{Type: "step_waiting", Step: s.Name})
 		}
 	}
-	r.finishIfDone(def, run, steps, ch)
+	// The states the engine was given, with what it decided: what the
+	// run's outcome is judged on.
+	for _, d := range decisions {
+		s := stepNamed(steps, byName, d.Step)
+		st := in.Steps[s.Name]
+		st.Status, st.Blocked = s.Status, s.Blocked
+		in.Steps[s.Name] = st
+	}
+	r.finishIfDone(def, run, in.Steps, ch)
 }
 
-func (r *Runtime) finishIfDone(def *spec.Workflow, run *store.Run, steps []*store.StepRun, ch *changes) {
-	states := make(map[string]engine.StepState, len(steps))
-	for _, s := range steps {
-		states[s.Name] = engine.StepState{Status: s.Status, Blocked: s.Blocked}
+// stepNamed is the step of steps called name, found in byName if it is
+// not nil (a run of many steps), else by a walk (a map costs more than
+// a walk of a few).
+func stepNamed(steps []*store.StepRun, byName map[string]*store.StepRun, name string) *store.StepRun {
+	if byName != nil {
+		return byName[name]
 	}
+	for _, s := range steps {
+		if s.Name == name {
+			return s
+		}
+	}
+	return nil
+}
+
+// finishIfDone ends the run if states (its steps' statuses) say it is
+// done.
+func (r *Runtime) finishIfDone(def *spec.Workflow, run *store.Run, states map[string]engine.StepState, ch *changes) {
 	out := engine.Evaluate(def, states)
 	if !out.Done {
 		return

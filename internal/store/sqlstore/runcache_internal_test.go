@@ -61,6 +61,28 @@ func TestBoundedCacheForgetsOldestFirst(t *testing.T) {
 	}
 }
 
+// TestBoundedCacheEdges: forgetting a run not cached changes nothing; an
+// entry larger than the whole byte budget is kept alone, every other
+// entry forgotten, and the next entry kept replaces it.
+func TestBoundedCacheEdges(t *testing.T) {
+	b := newBounded(4, 1000)
+	b.keep("a", &cachedRun{size: 100})
+	b.keep("missing", nil)
+	checkBounded(t, &b, "after forgetting a run not cached")
+	if len(b.m) != 1 || b.get("a") == nil {
+		t.Fatalf("entries %v, want a alone", b.m)
+	}
+	b.keep("huge", &cachedRun{size: 5000})
+	if len(b.m) != 1 || b.get("huge") == nil || b.by != 5000 {
+		t.Fatalf("after an entry over the budget: %d entries, %d bytes, huge cached %v; want it alone", len(b.m), b.by, b.get("huge") != nil)
+	}
+	b.keep("b", &cachedRun{size: 100})
+	checkBounded(t, &b, "after an entry within the budget")
+	if b.get("huge") != nil || b.get("b") == nil {
+		t.Fatalf("huge cached %v, b cached %v; want b, not huge", b.get("huge") != nil, b.get("b") != nil)
+	}
+}
+
 // TestBoundedCache: the run caches stay within their count and byte
 // bounds, evicting to make room, and count each entry at the size it was
 // kept at even when the entry is changed afterwards (the SQLite cache lays

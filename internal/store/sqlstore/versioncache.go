@@ -126,7 +126,7 @@ func (s *Store) versionedStepsChecked(ctx context.Context, tx querier, out map[s
 		}
 		// Only the steps come from the cache: the run as just read carries
 		// what a run row's version does not cover (its workflow's name).
-		b := &cachedRun{version: rt.version, run: *rt.run, seq: rt.seq, updatedAt: rt.updatedAt, steps: e.steps, inRow: e.inRow}
+		b := &cachedRun{version: rt.version, run: *rt.run, seq: rt.seq, updatedAt: rt.updatedAt, steps: e.steps, inRow: e.inRow, packed: e.packed}
 		cached := b.runTx(s, ctx, tx, now)
 		cached.version = rt.version
 		out[id], hits[id] = cached, cached

@@ -256,3 +256,58 @@ func TestOptimisticFireExpiryInTheRead(t *testing.T) {
 		t.Errorf("run = %+v, %v; want timed out", r, err)
 	}
 }
+
+// TestOptimisticFireWithATimerThatChangesNothing: a fire whose timer of
+// one run changes nothing (its step moved on: a webhook's timeout after
+// the callback) is still written in the one round trip with the other
+// runs', that run's row written as it stands, and both timers are gone.
+func TestOptimisticFireWithATimerThatChangesNothing(t *testing.T) {
+	ctx := t.Context()
+	s, a, _, now := sleepingRun(t, pgtest.DSN(t))
+	wf, err := s.GetWorkflow(ctx, "nap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _, err := s.CreateRun(ctx, &store.NewRun{
+		Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: now.Add(time.Hour), StartedAt: now},
+		Steps: []*store.StepRun{{Name: "nap", Type: "sleep", Status: status.StepSuccess}},
+		Queue: []store.QueueItem{{Kind: store.KindWake, Step: "nap", DueAt: now}},
+	}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.InRun(ctx, b.ID, now, func(tx store.RunTx) error {
+		return tx.Append(store.NewEvent{Type: "cached"})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	read, err := s.DueTimers(ctx, now, now, 10)
+	if err != nil || len(read) != 2 {
+		t.Fatalf("DueTimers = %d items, %v; want both wake-ups", len(read), err)
+	}
+	var calls, drops int
+	w := wake(false, &calls, &drops)
+	before := counts(s)
+	sctx, recorded := spied(ctx)
+	n, errs, err := s.FireTimers(sctx, []string{a.ID, b.ID}, read, now, time.Minute, func(it *store.QueueItem, tx store.RunTx) error {
+		if it != nil && it.RunID == b.ID {
+			return nil // its step is no longer asleep
+		}
+		return w(it, tx)
+	})
+	if err != nil || len(errs) > 0 || n != 2 {
+		t.Fatalf("FireTimers = %d, %v, %v; want both items taken", n, errs, err)
+	}
+	if got := counts(s); got.written != before.written+1 || got.redecided != before.redecided || len(recorded()) != 1 {
+		t.Errorf("optimistic batches %+v after %+v in %d pipelines; want one more written, in one", got, before, len(recorded()))
+	}
+	wantSteps(t, s, a.ID, map[string]string{"nap": status.StepSuccess})
+	wantSteps(t, s, b.ID, map[string]string{"nap": status.StepSuccess})
+	if due, err := s.DueTimers(ctx, now, now, 10); err != nil || len(due) != 0 {
+		t.Errorf("due after the fire: %d items, %v; want none", len(due), err)
+	}
+	evs, err := s.ListEvents(ctx, b.ID, 0, 0)
+	if err != nil || len(evs) != 1 {
+		t.Errorf("run b's events %v, %v; want only its own", evs, err)
+	}
+}

@@ -611,6 +611,17 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, read []*store.Q
 			if err != nil || len(failed) > 0 {
 				return nil, false
 			}
+			// A run whose timer changed nothing (a webhook's timeout
+			// after its callback came) is written as it stands: its
+			// guarded update is what checks that nothing the decision
+			// rests on changed, and it locks the run in id order with
+			// the others. Otherwise it would send its whole chunk the
+			// locking way.
+			for _, id := range runIDs {
+				if rt := runs[id]; rt != nil {
+					cs.run(rt)
+				}
+			}
 			ps := []part{s.noneSkippedPart(until, fired, now)}
 			if len(fired) > 0 {
 				ps = append(ps, s.firedPart(fired, now))

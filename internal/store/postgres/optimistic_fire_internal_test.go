@@ -12,6 +12,27 @@ import (
 	"github.com/ferryhq/ferry/internal/store/postgres/pgtest"
 )
 
+// cachedRun creates a run of wf with these steps and queue items, and
+// writes it once more (an event of type ev) so that s holds it in its
+// version cache.
+func cachedRun(t *testing.T, s *Store, wf *store.Workflow, now, expires time.Time, ev string, steps []*store.StepRun, queue ...store.QueueItem) *store.Run {
+	t.Helper()
+	ctx := t.Context()
+	run, _, err := s.CreateRun(ctx, &store.NewRun{
+		Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: expires, StartedAt: now.Add(-time.Minute)},
+		Steps: steps, Queue: queue,
+	}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.InRun(ctx, run.ID, now, func(tx store.RunTx) error {
+		return tx.Append(store.NewEvent{Type: ev})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return run
+}
+
 // sleepingRun opens a store on dsn (migrating it) with a run whose step
 // nap sleeps until now, its wake-up queued, written once more so that the
 // store holds it in its version cache; read is the store's DueTimers read
@@ -21,19 +42,10 @@ func sleepingRun(t *testing.T, dsn string) (s *Store, run *store.Run, read []*st
 	ctx := t.Context()
 	s, wf := withWorkflow(t, dsn, "nap")
 	now = time.Now().UTC().Truncate(time.Microsecond)
-	run, _, err := s.CreateRun(ctx, &store.NewRun{
-		Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: now.Add(time.Hour), StartedAt: now},
-		Steps: []*store.StepRun{{Name: "nap", Type: "sleep", Status: status.StepSleeping}},
-		Queue: []store.QueueItem{{Kind: store.KindWake, Step: "nap", DueAt: now}},
-	}, now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.InRun(ctx, run.ID, now, func(tx store.RunTx) error {
-		return tx.Append(store.NewEvent{Type: "step_started", Step: "nap"})
-	}); err != nil {
-		t.Fatal(err)
-	}
+	run = cachedRun(t, s, wf, now, now.Add(time.Hour), "step_started",
+		[]*store.StepRun{{Name: "nap", Type: "sleep", Status: status.StepSleeping}},
+		store.QueueItem{Kind: store.KindWake, Step: "nap", DueAt: now})
+	var err error
 	if read, err = s.DueTimers(ctx, now, now, 10); err != nil || len(read) != 1 {
 		t.Fatalf("DueTimers = %d items, %v; want the wake-up", len(read), err)
 	}
@@ -191,19 +203,9 @@ func TestOptimisticFireExpiryInTheRead(t *testing.T) {
 	ctx := t.Context()
 	s, wf := withWorkflow(t, pgtest.DSN(t), "exp")
 	now := time.Now().UTC().Truncate(time.Microsecond)
-	run, _, err := s.CreateRun(ctx, &store.NewRun{
-		Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: now.Add(-time.Second), StartedAt: now.Add(-time.Minute)},
-		Steps: []*store.StepRun{{Name: "nap", Type: "sleep", Status: status.StepSleeping}},
-		Queue: []store.QueueItem{{Kind: store.KindWake, Step: "nap", DueAt: now.Add(-2 * time.Second)}},
-	}, now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.InRun(ctx, run.ID, now, func(tx store.RunTx) error {
-		return tx.Append(store.NewEvent{Type: "cached"})
-	}); err != nil {
-		t.Fatal(err)
-	}
+	run := cachedRun(t, s, wf, now, now.Add(-time.Second), "cached",
+		[]*store.StepRun{{Name: "nap", Type: "sleep", Status: status.StepSleeping}},
+		store.QueueItem{Kind: store.KindWake, Step: "nap", DueAt: now.Add(-2 * time.Second)})
 	var kinds []string
 	expire := func(it *store.QueueItem, tx store.RunTx) error {
 		if it == nil {
@@ -268,19 +270,9 @@ func TestOptimisticFireWithATimerThatChangesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _, err := s.CreateRun(ctx, &store.NewRun{
-		Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: now.Add(time.Hour), StartedAt: now},
-		Steps: []*store.StepRun{{Name: "nap", Type: "sleep", Status: status.StepSuccess}},
-		Queue: []store.QueueItem{{Kind: store.KindWake, Step: "nap", DueAt: now}},
-	}, now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.InRun(ctx, b.ID, now, func(tx store.RunTx) error {
-		return tx.Append(store.NewEvent{Type: "cached"})
-	}); err != nil {
-		t.Fatal(err)
-	}
+	b := cachedRun(t, s, wf, now, now.Add(time.Hour), "cached",
+		[]*store.StepRun{{Name: "nap", Type: "sleep", Status: status.StepSuccess}},
+		store.QueueItem{Kind: store.KindWake, Step: "nap", DueAt: now})
 	read, err := s.DueTimers(ctx, now, now, 10)
 	if err != nil || len(read) != 2 {
 		t.Fatalf("DueTimers = %d items, %v; want both wake-ups", len(read), err)

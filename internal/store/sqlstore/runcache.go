@@ -372,10 +372,11 @@ func (e *cachedRun) measure() bool {
 		b := &e.steps[i]
 		body += len(b.Body) + len(b.Request) + len(b.Error)
 	}
+	forms := 0
 	for _, p := range e.packed {
-		body += len(p)
+		forms += len(p)
 	}
-	e.size = cachedRunSize + len(e.steps)*cachedStepSize + body
+	e.size = cachedRunSize + len(e.steps)*cachedStepSize + body + forms
 	return body <= runCacheBodyMax
 }
 

@@ -533,14 +533,14 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, read []*store.Q
 	var errs []error
 	called := false // fn was given an item
 	// fire applies the items under their runs' locks, the expiries of the
-	// locked runs among them (of those in expiring, if not nil), and says
+	// locked runs among them (those expiring allows, if not nil), and says
 	// which to delete and which to hold for the lease. An expiry has no
 	// row to hold: when it fails, the transaction does, and the caller
 	// holds its runs back. until, if not nil, gets the latest due time
 	// each run's items had.
-	fire := func(cs *changeset, runs map[string]*runTx, items []*store.QueueItem, expiring map[string]bool, until map[string]time.Time) (done, failed []any, err error) {
+	fire := func(cs *changeset, runs map[string]*runTx, items []*store.QueueItem, expiring func(id string, at time.Time) bool, until map[string]time.Time) (done, failed []any, err error) {
 		for _, id := range runIDs {
-			if rt := runs[id]; rt != nil && runLive(rt.run.Status) && !rt.run.ExpiresAt.After(now) && (expiring == nil || expiring[id]) {
+			if rt := runs[id]; rt != nil && runLive(rt.run.Status) && !rt.run.ExpiresAt.After(now) && (expiring == nil || expiring(id, rt.run.ExpiresAt)) {
 				items = append(items, expiryItem(id, rt.run.ExpiresAt))
 			}
 		}
@@ -603,9 +603,28 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, read []*store.Q
 	if s.d.Pipeline != nil && s.tcache != nil && len(read) > 0 {
 		// Postgres, decided on the caller's read and the cached runs:
 		// one round trip, or decided again below.
-		items, expiring := dueRead(read, runIDs, now)
+		items, listed := dueRead(read, runIDs, now)
+		// A run's expiry is applied when the read lists it, or when it is
+		// due before a timer of the run the read lists (the loop may have
+		// left the expiry out of what it passed: see candidates), never
+		// after a timer due later.
+		last := map[string]time.Time{}
+		for _, it := range items {
+			if it.DueAt.After(last[it.RunID]) {
+				last[it.RunID] = it.DueAt
+			}
+		}
+		expiring := func(id string, at time.Time) bool { return listed[id] || !at.After(last[id]) }
 		var done bool
 		cs, done, err = s.optimistic(ctx, runIDs, nil, now, func(_ context.Context, cs *changeset, runs map[string]*runTx, _ map[string]lockedTask) ([]part, bool) {
+			for _, rt := range runs {
+				if status.RunTerminal(rt.run.Status) {
+					// Its timers are left over (its end dropped the
+					// queue, or a sweep will): the locking way skips
+					// rows a sweep holds instead of waiting on them.
+					return nil, false
+				}
+			}
 			until := map[string]time.Time{}
 			fired, failed, err := fire(cs, runs, items, expiring, until)
 			if err != nil || len(failed) > 0 {
@@ -689,8 +708,8 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, read []*store.Q
 // dueRead is what of read FireTimers may fire without reading the queue
 // again: the queue rows of runIDs due at now, in read's order (due time,
 // id), as copies, and the runs whose expiry read lists as due (an expiry
-// comes from its run, but only one the read reached may be applied: a
-// run's timers the read did not reach may be due before it).
+// comes from its run, but one the read did not reach may be due after
+// timers of the run the read did not reach either).
 func dueRead(read []*store.QueueItem, runIDs []string, now time.Time) ([]*store.QueueItem, map[string]bool) {
 	var items []*store.QueueItem
 	expiring := map[string]bool{}

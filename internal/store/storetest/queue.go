@@ -27,6 +27,7 @@ var queueTests = []test{
 	{"FireTimersOnTheirRead", testFireTimersOnRead},
 	{"FireTimersOnACutRead", testFireTimersOnCutRead},
 	{"FireTimersOnAReadMissingAnEarlierTimer", testFireTimersReadMissingEarlier},
+	{"FireTimersOnAReadMissingAnEarlierExpiry", testFireTimersReadMissingExpiry},
 	{"NextDueByKindAfter", testNextDueKinds},
 	{"ClaimOnlyKinds", testClaimKinds},
 }
@@ -890,4 +891,40 @@ func testFireTimersReadMissingEarlier(t *testing.T, s store.Store) {
 	}
 	diff(t, "timers applied", []string{store.KindWaitTimeout, store.KindWake}, got)
 	diff(t, "events", []string{"queued", store.KindWaitTimeout, store.KindWake}, eventTypes(events(t, s, r.ID)))
+}
+
+// testFireTimersReadMissingExpiry: the caller's read lists a run's
+// wake-up but not its expiry, due before it (the timer loop passes on
+// only what a transaction of its own has not taken); the expiry is
+// applied first, in the same call, as without a read.
+func testFireTimersReadMissingExpiry(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	r := timedRun(t, s, wf, at(2*time.Second), store.QueueItem{Kind: store.KindWake, Step: "nap", DueAt: at(3 * time.Second)})
+	now := at(6 * time.Second)
+	due, err := s.DueTimers(ctx, now, now, 10)
+	must(t, err, "DueTimers")
+	var read []*store.QueueItem
+	for _, it := range due {
+		if it.Kind != store.KindRunExpire {
+			read = append(read, it)
+		}
+	}
+	if len(read) != 1 || len(due) != 2 {
+		t.Fatalf("DueTimers = %+v; want the expiry and the wake-up", due)
+	}
+	fn, decided := lastDecision(applyTimer(now))
+	_, errs, err := s.FireTimers(ctx, []string{r.ID}, read, now, time.Minute, fn)
+	must(t, err, "FireTimers")
+	if len(errs) > 0 {
+		t.Fatalf("FireTimers errors: %v", errs)
+	}
+	var got []string
+	for _, it := range decided() {
+		got = append(got, it.Kind)
+	}
+	diff(t, "timers applied", []string{store.KindRunExpire, store.KindWake}, got)
+	if run, _ := getRun(t, s, r.ID); run.Status != status.RunTimeout {
+		t.Errorf("run = %s, want timeout", run.Status)
+	}
 }

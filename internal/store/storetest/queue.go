@@ -677,6 +677,29 @@ func testSweep(t *testing.T, s store.Store) {
 	}
 }
 
+// fireOnRead calls FireTimers for runs on read at now, applying each item
+// with apply, fails the test on any error, and returns how many items
+// were taken and the items of the decision that committed.
+func fireOnRead(t *testing.T, s store.Store, runs []string, read []*store.QueueItem, now time.Time, apply func(*store.QueueItem, store.RunTx) error) (int, []*store.QueueItem) {
+	t.Helper()
+	fn, decided := lastDecision(apply)
+	n, errs, err := s.FireTimers(t.Context(), runs, read, now, time.Minute, fn)
+	must(t, err, "FireTimers")
+	if len(errs) > 0 {
+		t.Fatalf("FireTimers errors: %v", errs)
+	}
+	return n, decided()
+}
+
+// kindsOf lists the items' kinds.
+func kindsOf(items []*store.QueueItem) []string {
+	out := make([]string, len(items))
+	for i, it := range items {
+		out[i] = it.Kind
+	}
+	return out
+}
+
 // lastDecision wraps fn as FireTimers asks of its caller: fn(nil, nil)
 // drops the decision so far. decided lists the items of the last one.
 func lastDecision(fn func(*store.QueueItem, store.RunTx) error) (wrapped func(*store.QueueItem, store.RunTx) error, decided func() []*store.QueueItem) {
@@ -714,14 +737,9 @@ func testFireTimersOnRead(t *testing.T, s store.Store) {
 	}
 	fire := func(runs []string, now time.Time, apply func(*store.QueueItem, store.RunTx) error) (int, []string) {
 		t.Helper()
-		fn, decided := lastDecision(apply)
-		n, errs, err := s.FireTimers(ctx, runs, read, now, time.Minute, fn)
-		must(t, err, "FireTimers")
-		if len(errs) > 0 {
-			t.Fatalf("FireTimers errors: %v", errs)
-		}
+		n, decided := fireOnRead(t, s, runs, read, now, apply)
 		var got []string
-		for _, it := range decided() {
+		for _, it := range decided {
 			got = append(got, it.RunID)
 		}
 		sort.Strings(got)
@@ -844,15 +862,8 @@ func testFireTimersOnCutRead(t *testing.T, s store.Store) {
 		if len(read) == 0 {
 			break
 		}
-		fn, decided := lastDecision(applyTimer(now))
-		_, errs, err := s.FireTimers(ctx, []string{r.ID}, read, now, time.Minute, fn)
-		must(t, err, "FireTimers")
-		if len(errs) > 0 {
-			t.Fatalf("FireTimers errors: %v", errs)
-		}
-		for _, it := range decided() {
-			applied = append(applied, it.Kind)
-		}
+		_, decided := fireOnRead(t, s, []string{r.ID}, read, now, applyTimer(now))
+		applied = append(applied, kindsOf(decided)...)
 	}
 	diff(t, "timers applied", []string{store.KindWake, store.KindWaitTimeout, store.KindRunExpire}, applied)
 	diff(t, "events", []string{store.KindWake, store.KindWaitTimeout, store.KindRunExpire}, eventTypes(events(t, s, r.ID)))
@@ -879,17 +890,11 @@ func testFireTimersReadMissingEarlier(t *testing.T, s store.Store) {
 		}
 		return tx.Append(store.NewEvent{Type: "queued"})
 	}), "InRun")
-	fn, decided := lastDecision(applyTimer(now))
-	n, errs, err := s.FireTimers(ctx, []string{r.ID}, read, now, time.Minute, fn)
-	must(t, err, "FireTimers")
-	if len(errs) > 0 || n != 2 {
-		t.Fatalf("FireTimers took %d items, errors %v; want both", n, errs)
+	n, decided := fireOnRead(t, s, []string{r.ID}, read, now, applyTimer(now))
+	if n != 2 {
+		t.Fatalf("FireTimers took %d items, want both", n)
 	}
-	var got []string
-	for _, it := range decided() {
-		got = append(got, it.Kind)
-	}
-	diff(t, "timers applied", []string{store.KindWaitTimeout, store.KindWake}, got)
+	diff(t, "timers applied", []string{store.KindWaitTimeout, store.KindWake}, kindsOf(decided))
 	diff(t, "events", []string{"queued", store.KindWaitTimeout, store.KindWake}, eventTypes(events(t, s, r.ID)))
 }
 
@@ -913,17 +918,8 @@ func testFireTimersReadMissingExpiry(t *testing.T, s store.Store) {
 	if len(read) != 1 || len(due) != 2 {
 		t.Fatalf("DueTimers = %+v; want the expiry and the wake-up", due)
 	}
-	fn, decided := lastDecision(applyTimer(now))
-	_, errs, err := s.FireTimers(ctx, []string{r.ID}, read, now, time.Minute, fn)
-	must(t, err, "FireTimers")
-	if len(errs) > 0 {
-		t.Fatalf("FireTimers errors: %v", errs)
-	}
-	var got []string
-	for _, it := range decided() {
-		got = append(got, it.Kind)
-	}
-	diff(t, "timers applied", []string{store.KindRunExpire, store.KindWake}, got)
+	_, decided := fireOnRead(t, s, []string{r.ID}, read, now, applyTimer(now))
+	diff(t, "timers applied", []string{store.KindRunExpire, store.KindWake}, kindsOf(decided))
 	if run, _ := getRun(t, s, r.ID); run.Status != status.RunTimeout {
 		t.Errorf("run = %s, want timeout", run.Status)
 	}

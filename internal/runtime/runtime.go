@@ -631,11 +631,8 @@ func (r *Runtime) decide(def *spec.Workflow, run *store.Run, steps []*store.Step
 			}
 			ch.events = append(ch.events, store.NewEvent{Type: "step_waiting", Step: s.Name})
 		}
-	}
-	// The states the engine was given, with what it decided: what the
-	// run's outcome is judged on.
-	for _, d := range decisions {
-		s := stepNamed(steps, byName, d.Step)
+		// The states the engine was given, with what it decided: what
+		// the run's outcome is judged on.
 		st := in.Steps[s.Name]
 		st.Status, st.Blocked = s.Status, s.Blocked
 		in.Steps[s.Name] = st

@@ -508,14 +508,15 @@ func (s *Store) DueTimers(ctx context.Context, now, until time.Time, max int, sk
 //
 // read, when given, is the caller's own read of these runs' due items
 // (DueTimers). On Postgres, when the runs are in the version cache, the
-// transaction is decided on the cached runs and on read, without a locking
-// read, and written in one round trip
-// that checks nothing it rests on changed: each run is still at its cached
-// version and each item still queued, due and not leased (see
-// optimistic.go). Otherwise, or when the check fails, it is decided again
-// the locking way: fn is first called with a nil item and transaction, to
-// drop what it did for the decision abandoned, then for the items again.
-// Items of these runs missing from read wait for a later call.
+// transaction is decided on the cached runs and on read, without a
+// locking read, and written in one round trip that checks nothing it
+// rests on changed: each run is still at its cached version, each item
+// still queued, due and not leased, and no timer of the runs due before
+// what it applied left out (see optimistic.go). Otherwise, or when the
+// check fails, it is decided again the locking way: fn is first called
+// with a nil item and transaction, to drop what it did for the decision
+// abandoned, then for the items again. Items of these runs the read did
+// not reach, due after those it did, wait for a later call.
 //
 // On SQLite the write goes ahead of other queued writes: a timer's due
 // time is a promise, a worker's report can wait one group.
@@ -603,17 +604,11 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, read []*store.Q
 	if s.d.Pipeline != nil && s.tcache != nil && len(read) > 0 {
 		// Postgres, decided on the caller's read and the cached runs:
 		// one round trip, or decided again below.
-		items, listed := dueRead(read, runIDs, now)
+		items, listed, last := dueRead(read, runIDs, now)
 		// A run's expiry is applied when the read lists it, or when it is
 		// due before a timer of the run the read lists (the loop may have
 		// left the expiry out of what it passed: see candidates), never
 		// after a timer due later.
-		last := map[string]time.Time{}
-		for _, it := range items {
-			if it.DueAt.After(last[it.RunID]) {
-				last[it.RunID] = it.DueAt
-			}
-		}
 		expiring := func(id string, at time.Time) bool { return listed[id] || !at.After(last[id]) }
 		var done bool
 		cs, done, err = s.optimistic(ctx, runIDs, nil, now, func(_ context.Context, cs *changeset, runs map[string]*runTx, _ map[string]lockedTask) ([]part, bool) {
@@ -705,14 +700,12 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, read []*store.Q
 	return taken, errs, nil
 }
 
-// dueRead is what of read FireTimers may fire without reading the queue
-// again: the queue rows of runIDs due at now, in read's order (due time,
-// id), as copies, and the runs whose expiry read lists as due (an expiry
-// comes from its run, but one the read did not reach may be due after
-// timers of the run the read did not reach either).
-func dueRead(read []*store.QueueItem, runIDs []string, now time.Time) ([]*store.QueueItem, map[string]bool) {
-	var items []*store.QueueItem
-	expiring := map[string]bool{}
+// dueRead is what of read an optimistic FireTimers fires: the queue rows
+// of runIDs due at now, in read's order (due time, id), as copies; the
+// runs whose expiry (which comes from the run, not a row) read lists as
+// due; and each run's latest due time among those rows.
+func dueRead(read []*store.QueueItem, runIDs []string, now time.Time) (items []*store.QueueItem, listed map[string]bool, last map[string]time.Time) {
+	listed, last = map[string]bool{}, map[string]time.Time{}
 	for _, it := range read {
 		if it.DueAt.After(now) {
 			continue
@@ -722,13 +715,16 @@ func dueRead(read []*store.QueueItem, runIDs []string, now time.Time) ([]*store.
 		}
 		switch {
 		case it.Kind == store.KindRunExpire:
-			expiring[it.RunID] = true
+			listed[it.RunID] = true
 		case slices.Contains(queueTimers, it.Kind) && it.ID != 0:
 			c := *it
 			items = append(items, &c)
+			if c.DueAt.After(last[c.RunID]) {
+				last[c.RunID] = c.DueAt
+			}
 		}
 	}
-	return items, expiring
+	return items, listed, last
 }
 
 // noneSkippedPart is the guard that an optimistic fire left out none of

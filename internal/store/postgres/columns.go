@@ -3,10 +3,13 @@ package postgres
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -30,10 +33,12 @@ var columnArrays = map[uint32]uint32{
 
 // registerColumnCodecs gives conn's type map the column arrays' codec.
 func registerColumnCodecs(_ context.Context, conn *pgx.Conn) error {
-	return registerColumns(conn.TypeMap())
+	return registerColumns(conn.TypeMap(), conn.PgConn().Frontend())
 }
 
-func registerColumns(m *pgtype.Map) error {
+// registerColumns registers the column codec in m; fe, when not nil, is
+// the frontend of m's connection, whose write buffer a sized column grows.
+func registerColumns(m *pgtype.Map, fe *pgproto3.Frontend) error {
 	for oid := range columnArrays {
 		t, ok := m.TypeForOID(oid)
 		if !ok {
@@ -43,7 +48,7 @@ func registerColumns(m *pgtype.Map) error {
 		if !ok {
 			return fmt.Errorf("postgres: type %s has codec %T, not an array codec", t.Name, t.Codec)
 		}
-		m.RegisterType(&pgtype.Type{Name: t.Name, OID: t.OID, Codec: &columnCodec{ArrayCodec: ac}})
+		m.RegisterType(&pgtype.Type{Name: t.Name, OID: t.OID, Codec: &columnCodec{ArrayCodec: ac, fe: fe}})
 	}
 	return nil
 }
@@ -51,16 +56,143 @@ func registerColumns(m *pgtype.Map) error {
 // columnCodec is pgx's array codec but for encoding an []any in binary.
 type columnCodec struct {
 	*pgtype.ArrayCodec
+	fe *pgproto3.Frontend // its connection's, or nil
 }
 
 func (c *columnCodec) PlanEncode(m *pgtype.Map, oid uint32, format int16, value any) pgtype.EncodePlan {
-	if _, ok := value.([]any); ok && format == pgtype.BinaryFormatCode {
+	_, sized := value.(sizedColumn)
+	if _, ok := value.([]any); (ok || sized) && format == pgtype.BinaryFormatCode {
 		if elem, ok := columnArrays[oid]; ok {
+			if sized {
+				return sizedPlan{elem: columnPlan(elem), fe: c.fe}
+			}
 			return columnPlan(elem)
 		}
 	}
+	if sized {
+		return unsizedPlan{m: m, oid: oid, format: format}
+	}
 	return c.ArrayCodec.PlanEncode(m, oid, format, value)
 }
+
+// Writing a large statement, pgx copied its parameters over and over:
+// it encodes them into a buffer that it shrinks back to 256 bytes after
+// every statement, then copies them into its write buffer, which it
+// shrinks back to 1 KB after every flush, and both grow by appending, a
+// quarter at a time once large. For a batch's write statement of a few
+// hundred kilobytes that was about four copies of it in each buffer, and
+// over a third of the bytes Ferry allocated in the jobs benchmark. pgx
+// offers no setting that keeps its buffers; what it offers is that a
+// parameter's encoding appends to the statement's buffer, and that a
+// message's encoding appends to the connection's write buffer. So
+// sizeParams marks a statement's first column with the size of the
+// parameters from it on (sizedColumn), and that column's encoding grows
+// both buffers once, to what the statement needs, before it writes.
+
+// sizedColumn is a column ([]any) and, about, the bytes the statement's
+// parameters take from it on.
+type sizedColumn struct {
+	vals []any
+	size int
+}
+
+// sizeParams returns args with their first column sized (see above), or
+// as they are when they are small or have no column.
+func sizeParams(args []any) []any {
+	first := -1
+	for i, a := range args {
+		if _, ok := a.([]any); ok {
+			first = i
+			break
+		}
+	}
+	if first < 0 {
+		return args
+	}
+	size := 0
+	for _, a := range args[first:] {
+		size += paramSize(a)
+	}
+	if size < minSized {
+		return args
+	}
+	args = slices.Clone(args)
+	args[first] = sizedColumn{vals: args[first].([]any), size: size}
+	return args
+}
+
+// minSized is the statement size under which pgx's buffers are left to
+// grow by themselves: they start at 256 bytes and 1 KB.
+const minSized = 4 << 10
+
+// paramSize is about the bytes a parameter takes in a Bind message:
+// its length and format code, and its binary form (a column's header,
+// and each element's length and value).
+func paramSize(v any) int {
+	const lenAndFormat = 6
+	switch v := v.(type) {
+	case []any:
+		n := lenAndFormat + 20
+		for _, e := range v {
+			n += 4
+			switch e := e.(type) {
+			case string:
+				n += len(e)
+			case []byte:
+				n += len(e)
+			case int64, int, int32:
+				n += 8
+			case bool:
+				n++
+			}
+		}
+		return n
+	case string:
+		return lenAndFormat + len(v)
+	case []byte:
+		return lenAndFormat + len(v)
+	}
+	return lenAndFormat + 8
+}
+
+// sizedPlan grows the statement's parameter buffer and the connection's
+// write buffer for the statement, then encodes the column.
+type sizedPlan struct {
+	elem columnPlan
+	fe   *pgproto3.Frontend
+}
+
+func (p sizedPlan) Encode(value any, buf []byte) ([]byte, error) {
+	v := value.(sizedColumn)
+	if p.fe != nil {
+		// The Bind message holds the parameters; its other fields, and
+		// the Describe, Execute and Sync after it, are a few bytes.
+		p.fe.Send(growWrite(v.size + 256))
+	}
+	return p.elem.Encode(v.vals, slices.Grow(buf, v.size))
+}
+
+// unsizedPlan encodes a sized column as pgx does the column itself (a
+// format or element type the column codec does not write).
+type unsizedPlan struct {
+	m      *pgtype.Map
+	oid    uint32
+	format int16
+}
+
+func (p unsizedPlan) Encode(value any, buf []byte) ([]byte, error) {
+	return p.m.Encode(p.oid, p.format, value.(sizedColumn).vals, buf)
+}
+
+// growWrite is a message of no bytes: sending it makes room for that
+// many more bytes in the frontend's write buffer.
+type growWrite int
+
+func (growWrite) Frontend() {}
+
+func (growWrite) Decode([]byte) error { return errors.New("growWrite is not a message") }
+
+func (g growWrite) Encode(dst []byte) ([]byte, error) { return slices.Grow(dst, int(g)), nil }
 
 // columnPlan encodes an []any as a one-dimensional array of elem.
 type columnPlan uint32

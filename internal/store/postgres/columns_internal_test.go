@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"math"
@@ -9,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/ferryhq/ferry/internal/store/postgres/pgtest"
@@ -137,7 +139,7 @@ func BenchmarkColumnEncode(b *testing.B) {
 		setup func(*pgtype.Map) error
 	}{
 		{"pgx", func(*pgtype.Map) error { return nil }},
-		{"column", registerColumns},
+		{"column", func(m *pgtype.Map) error { return registerColumns(m, nil) }},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			m := pgtype.NewMap()
@@ -156,5 +158,143 @@ func BenchmarkColumnEncode(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestSizedColumnsRoundTrip: a statement whose first column sizeParams
+// marked reaches Postgres as the same values, and a sized column the
+// column codec cannot write in binary (a string in a bigint column) falls
+// back to pgx's text encoding as an unsized one does.
+func TestSizedColumnsRoundTrip(t *testing.T) {
+	conn := codecConn(t)
+	ids, ns := make([]any, 300), make([]any, 300)
+	for i := range ids {
+		ids[i], ns[i] = strings.Repeat("i", i%40), int64(i)
+	}
+	ns[7] = nil
+	args := sizeParams([]any{ids, ns})
+	if _, ok := args[0].(sizedColumn); !ok {
+		t.Fatalf("first argument is %T, want a sized column", args[0])
+	}
+	rows, err := conn.Query(t.Context(), `SELECT t, n FROM unnest(CAST($1 AS TEXT[]), CAST($2 AS BIGINT[])) AS v(t, n)`, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := 0
+	for rows.Next() {
+		var s string
+		var n sql.NullInt64
+		if err := rows.Scan(&s, &n); err != nil {
+			t.Fatal(err)
+		}
+		want := sql.NullInt64{Int64: int64(i), Valid: true}
+		if i == 7 {
+			want = sql.NullInt64{}
+		}
+		if s != ids[i] || n != want {
+			t.Fatalf("row %d: %q %v, want %q %v", i, s, n, ids[i], want)
+		}
+		i++
+	}
+	if err := rows.Err(); err != nil || i != len(ids) {
+		t.Fatalf("%d rows, err %v; want %d", i, err, len(ids))
+	}
+
+	mixed := make([]any, 2000)
+	for i := range mixed {
+		mixed[i] = int64(i)
+	}
+	mixed[1] = "1"
+	args = sizeParams([]any{mixed})
+	if _, ok := args[0].(sizedColumn); !ok {
+		t.Fatalf("argument is %T, want a sized column", args[0])
+	}
+	var sum int64
+	if err := conn.QueryRow(t.Context(), `SELECT sum(x) FROM unnest(CAST($1 AS BIGINT[])) AS v(x)`, args...).Scan(&sum); err != nil {
+		t.Fatal(err)
+	}
+	if sum != 1999*2000/2 {
+		t.Fatalf("sum %d, want %d", sum, 1999*2000/2)
+	}
+}
+
+// TestSizeParamsLeavesSmallStatements: statements under minSized, or
+// without a column, go as they are, and the caller's slice is not
+// changed when one is sized.
+func TestSizeParamsLeavesSmallStatements(t *testing.T) {
+	small := []any{[]any{"a", int64(1)}, "x"}
+	if got := sizeParams(small); !reflect.DeepEqual(got, small) {
+		t.Fatalf("small statement changed: %v", got)
+	}
+	scalars := []any{strings.Repeat("x", 10000), int64(1)}
+	if got := sizeParams(scalars); !reflect.DeepEqual(got, scalars) {
+		t.Fatalf("statement without a column changed: %v", got)
+	}
+	col := []any{strings.Repeat("y", 5000)}
+	big := []any{int64(3), col, []any{true}}
+	got := sizeParams(big)
+	if _, ok := big[1].([]any); !ok {
+		t.Fatalf("caller's arguments changed: %T", big[1])
+	}
+	sc, ok := got[1].(sizedColumn)
+	if !ok || got[0] != int64(3) {
+		t.Fatalf("got %v, want the first column sized", got)
+	}
+	if sc.size < 5000+4+1+4 {
+		t.Fatalf("size %d is less than the columns' bytes", sc.size)
+	}
+}
+
+// TestSizedColumnGrowsOnce: encoding a sized statement's parameters into
+// pgx's shrunk buffer allocates once (the whole statement's room); the
+// same columns unsized regrow it as they go.
+func TestSizedColumnGrowsOnce(t *testing.T) {
+	m := pgtype.NewMap()
+	if err := registerColumns(m, nil); err != nil {
+		t.Fatal(err)
+	}
+	var args []any
+	for j := 0; j < 6; j++ {
+		col := make([]any, 400)
+		for i := range col {
+			col[i] = "01a21066-a3dd-745d-a9b5-753df258bd65"
+		}
+		args = append(args, col)
+	}
+	encode := func(args []any) func() {
+		return func() {
+			buf := make([]byte, 0, 256) // as pgx leaves it after a statement
+			for _, a := range args {
+				var err error
+				if buf, err = m.Encode(pgtype.TextArrayOID, pgtype.BinaryFormatCode, a, buf); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	sized := sizeParams(args)
+	if n := testing.AllocsPerRun(20, encode(sized)); n != 2 { // the 256 bytes, then the statement
+		t.Fatalf("sized: %v allocations, want 2", n)
+	}
+	if n := testing.AllocsPerRun(20, encode(args)); n < 10 {
+		t.Fatalf("unsized: %v allocations; the test no longer shows the regrowth", n)
+	}
+}
+
+// TestGrowWriteSendsNothing: the message that grows a connection's write
+// buffer adds no bytes to what the frontend sends.
+func TestGrowWriteSendsNothing(t *testing.T) {
+	var sent bytes.Buffer
+	fe := pgproto3.NewFrontend(strings.NewReader(""), &sent)
+	fe.Send(&pgproto3.Sync{})
+	fe.Send(growWrite(1 << 20))
+	fe.Send(&pgproto3.Sync{})
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := (&pgproto3.Sync{}).Encode(nil)
+	want = append(want, want...)
+	if !bytes.Equal(sent.Bytes(), want) {
+		t.Fatalf("sent % x, want % x", sent.Bytes(), want)
 	}
 }

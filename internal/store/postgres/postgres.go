@@ -147,6 +147,7 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 		RowVersion: "r.xmin::text",
 		Pipeline:   pipeline,
 		Generic:    genericPlans,
+		SizeParams: sizeParams,
 	}, db, rdb)
 	s.EnableVersionCache()
 	var scope string

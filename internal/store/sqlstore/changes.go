@@ -735,6 +735,9 @@ func (s *Store) withStmt(parts []part) (string, []any) {
 		fmt.Fprintf(&sb, " THEN '1' ELSE '%s' END AS int) = 1 THEN pg_current_xact_id()::xid::text END", guardFailed)
 		return sb.String()
 	})
+	if s.d.SizeParams != nil {
+		args = s.d.SizeParams(args)
+	}
 	return q, args
 }
 

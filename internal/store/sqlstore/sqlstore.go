@@ -50,6 +50,10 @@ type Dialect struct {
 	// pipelined transaction run its prepared statements on generic plans
 	// (see pipeline.go).
 	Generic string
+	// SizeParams, when set, takes a combined write statement's arguments
+	// before they are sent, and may return them wrapped for the driver
+	// (Postgres: so that pgx sizes its buffers for them once).
+	SizeParams func(args []any) []any
 	// RunRowSteps is the most steps a run may have and keep its small
 	// steps in its own row rather than in step_runs (see packedsteps.go);
 	// 0 keeps every step in step_runs.

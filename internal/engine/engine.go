@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"strings"
 	"time"
@@ -71,16 +72,40 @@ type Decision struct {
 // Next returns the decisions for every step that can move now, in definition
 // order. Skips and template errors are terminal, so their consequences are
 // followed to a fixpoint: a skip cascades down a chain in one call.
+//
+// Only terminal states change what later steps see (their needs, their
+// conditions, their templates), so the caller's states are copied only
+// before the first skip or template error is recorded; a step that starts
+// is only marked decided. (A copy for every call was most of what a
+// decision allocated.)
 func Next(r Run) []Decision {
-	states := make(map[string]StepState, len(r.Steps))
-	for k, v := range r.Steps {
-		states[k] = v
+	states, copied := r.Steps, false
+	var small [64]bool
+	decided := small[:0]
+	if n := len(r.Def.Steps); n <= len(small) {
+		decided = small[:n]
+	} else {
+		decided = make([]bool, n)
 	}
 	var out []Decision
 	sc := &lazyScope{r: r, states: states}
+	terminal := func(name string, s StepState) {
+		if !copied {
+			states, copied = maps.Clone(states), true
+			if states == nil {
+				states = map[string]StepState{}
+			}
+			sc.states = states
+		}
+		states[name] = s
+		sc.finished(name, s)
+	}
 	for changed := true; changed; {
 		changed = false
-		for _, st := range r.Def.Steps {
+		for i, st := range r.Def.Steps {
+			if decided[i] {
+				continue
+			}
 			cur, ok := states[st.Name]
 			if ok && cur.Status != status.StepPending && cur.Status != "" {
 				continue
@@ -89,24 +114,15 @@ func Next(r Run) []Decision {
 				continue
 			}
 			d := decide(st, states, sc)
+			decided[i] = true
 			out = append(out, d)
 			switch d.Action {
 			case Skip:
-				states[st.Name] = StepState{Status: status.StepSkipped, Blocked: d.Blocked}
-				sc.finished(st.Name, states[st.Name])
+				terminal(st.Name, StepState{Status: status.StepSkipped, Blocked: d.Blocked})
 				changed = true
 			case TemplateError:
-				states[st.Name] = StepState{Status: status.StepTemplateError}
-				sc.finished(st.Name, states[st.Name])
+				terminal(st.Name, StepState{Status: status.StepTemplateError})
 				changed = true
-			case StartHTTP:
-				states[st.Name] = StepState{Status: status.StepRunning}
-			case StartSleep:
-				states[st.Name] = StepState{Status: status.StepSleeping}
-			case StartWait:
-				states[st.Name] = StepState{Status: status.StepWaiting}
-			case StartTask:
-				states[st.Name] = StepState{Status: status.StepRunning}
 			}
 		}
 	}

@@ -554,16 +554,25 @@ func (c *changes) touch(s *store.StepRun) {
 // decide asks the engine what moves now and applies it to the in-memory run
 // and steps, collecting the writes.
 func (r *Runtime) decide(def *spec.Workflow, run *store.Run, steps []*store.StepRun, ch *changes) {
+	states := stateMaps.Get().(map[string]engine.StepState)
+	defer func() {
+		if len(states) <= 64 { // a large run's map would cost every small one its clear and walks
+			clear(states)
+			stateMaps.Put(states)
+		}
+	}()
 	in := engine.Run{
 		Def:            def,
 		TriggerBody:    run.Input,
 		TriggerHeaders: run.TriggerHeaders,
-		Steps:          make(map[string]engine.StepState, len(steps)),
-		WaitURLs:       map[string]string{},
+		Steps:          states,
 	}
 	for _, s := range steps {
 		in.Steps[s.Name] = engine.StepState{Status: s.Status, StatusCode: s.StatusCode, Body: s.Body, Headers: s.Headers, Truncated: s.Truncated, Blocked: s.Blocked}
 		if s.CallbackToken != "" {
+			if in.WaitURLs == nil {
+				in.WaitURLs = map[string]string{}
+			}
 			in.WaitURLs[s.Name] = r.CallbackURL(s.CallbackToken)
 		}
 	}
@@ -639,6 +648,11 @@ func (r *Runtime) decide(def *spec.Workflow, run *store.Run, steps []*store.Step
 	}
 	r.finishIfDone(def, run, in.Steps, ch)
 }
+
+// stateMaps are decide's maps of step states, reused: a map's slots were
+// most of what deciding a small run allocated. decide and what it calls
+// keep no reference to the map past its return.
+var stateMaps = sync.Pool{New: func() any { return map[string]engine.StepState{} }}
 
 // stepNamed is the step of steps called name, found in byName if it is
 // not nil (a run of many steps), else by a walk (a map costs more than

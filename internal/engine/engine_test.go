@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -704,5 +705,45 @@ func TestDecisionOrderIsDefinitionOrder(t *testing.T) {
 	}
 	if def.Step("m").Type != spec.StepWebhook || def.Step("m").WaitTimeout != 0 {
 		t.Errorf("wait_for_webhook: true = %+v", def.Step("m"))
+	}
+}
+
+// A call that goes round again (a skip made later steps decidable)
+// decides every step once: the steps it started in an earlier round are
+// not started again, in a run of a few steps and in one of more than 64
+// (past the fixed-size record of decided steps).
+func TestNextDecidesEachStepOnce(t *testing.T) {
+	for _, n := range []int{3, 70} {
+		var sb strings.Builder
+		sb.WriteString(`{"name":"once","tasks":{`)
+		for i := range n {
+			fmt.Fprintf(&sb, `"s%02d":{"task":{"type":"once.work.v1"}},`, i)
+		}
+		sb.WriteString(`"gate":{"if":"trigger.body.go == true","url":"https://x.test/g"},`)
+		sb.WriteString(`"after":{"needs":["gate"],"url":"https://x.test/a"}}}`)
+		def := parse(t, sb.String())
+		steps := map[string]engine.StepState{}
+		if n == 70 {
+			steps = nil // no states at all: the skip's copy starts from nothing
+		}
+		seen := map[string]int{}
+		var skips []string
+		for _, d := range engine.Next(engine.Run{Def: def, Steps: steps, TriggerBody: []byte(`{"go":false}`)}) {
+			seen[d.Step]++
+			if d.Action == engine.Skip {
+				skips = append(skips, d.Step)
+			}
+		}
+		if len(seen) != n+2 {
+			t.Errorf("%d steps: %d decided, want %d", n, len(seen), n+2)
+		}
+		for name, c := range seen {
+			if c != 1 {
+				t.Errorf("%d steps: %s decided %d times", n, name, c)
+			}
+		}
+		if diff := cmp.Diff([]string{"gate", "after"}, skips); diff != "" {
+			t.Errorf("%d steps: skips (-want +got):\n%s", n, diff)
+		}
 	}
 }

@@ -398,11 +398,15 @@ func (w *Worker) executeChain(ctx, hctx context.Context, ct client.ClaimedTask, 
 // outcome; it returns the tasks an eager completion handed over. Once ctx
 // (the worker's run) ends it asks for none.
 func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claimed time.Time) []client.ClaimedTask {
-	log := w.log.With("task_id", ct.ID, "type", ct.Type, "attempt", ct.Attempt)
+	// The task's logger is made when something is logged: With formats
+	// its attributes at once, for every task, and most log nothing.
+	log := sync.OnceValue(func() *slog.Logger {
+		return w.log.With("task_id", ct.ID, "type", ct.Type, "attempt", ct.Attempt)
+	})
 	h := w.handler(ct.Type)
 	if h == nil {
 		msg := fmt.Sprintf("no handler for type %s", ct.Type)
-		log.Error("failing task: " + msg)
+		log().Error("failing task: " + msg)
 		w.report(log, "fail", func(ctx context.Context) error {
 			return w.src.FailTask(ctx, ct.ID, ct.LeaseToken, msg, false)
 		})
@@ -415,7 +419,7 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 	start := time.Now()
 	res, err := w.call(tctx, log, h, t)
 	if reason := hb.stop(); reason != nil {
-		log.Info("dropping the handler's outcome", "reason", reason, "handler_err", err)
+		log().Info("dropping the handler's outcome", "reason", reason, "handler_err", err)
 		return nil
 	}
 	if err == nil {
@@ -423,7 +427,9 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 		if merr != nil {
 			err = NonRetryable(fmt.Errorf("encode the handler's result: %w", merr))
 		} else {
-			log.Debug("task handled", "duration", time.Since(start))
+			if w.log.Enabled(ctx, slog.LevelDebug) {
+				log().Debug("task handled", "duration", time.Since(start))
+			}
 			es, eager := w.src.(EagerSource)
 			if !eager || w.cfg.NoEager || ctx.Err() != nil {
 				w.report(log, "complete", func(ctx context.Context) error {
@@ -452,7 +458,7 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 	if len(msg) > maxErrorLen {
 		msg = strings.ToValidUTF8(msg[:maxErrorLen], "") + "…"
 	}
-	log.Info("task attempt failed", "err", msg, "retryable", retryable, "duration", time.Since(start))
+	log().Info("task attempt failed", "err", msg, "retryable", retryable, "duration", time.Since(start))
 	w.report(log, "fail", func(ctx context.Context) error {
 		return w.src.FailTask(ctx, ct.ID, ct.LeaseToken, msg, retryable)
 	})
@@ -460,28 +466,41 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 }
 
 // call runs the handler, turning a panic into a (retryable) error.
-func (w *Worker) call(ctx context.Context, log *slog.Logger, h HandlerFunc, t *Task) (res any, err error) {
+func (w *Worker) call(ctx context.Context, log func() *slog.Logger, h HandlerFunc, t *Task) (res any, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			log.Error("handler panicked", "panic", p, "stack", string(debug.Stack()))
+			log().Error("handler panicked", "panic", p, "stack", string(debug.Stack()))
 			res, err = nil, fmt.Errorf("panic: %v", p)
 		}
 	}()
 	return h(ctx, t)
 }
 
-// beat is a running heartbeat loop.
+// beat is a task's heartbeats: none runs until the first is due, so a
+// handler that returns sooner (most do, by far) costs a timer, not a
+// goroutine, a context and a channel.
 type beat struct {
-	cancel context.CancelFunc
-	done   chan struct{}
-	reason error // why the handler was cancelled; read after done
+	mu      sync.Mutex
+	timer   *time.Timer
+	stopped bool
+	cancel  context.CancelFunc // ends the heartbeat loop, once it started
+	done    chan struct{}      // closed when the loop has ended
+	reason  error              // why the handler was cancelled; read after done
 }
 
 // stop ends the heartbeats and returns why the handler's outcome must be
 // dropped (the task was cancelled or its lease lost), or nil.
 func (b *beat) stop() error {
-	b.cancel()
-	<-b.done
+	b.mu.Lock()
+	b.stopped = true
+	b.timer.Stop()
+	cancel, done := b.cancel, b.done
+	b.mu.Unlock()
+	if cancel == nil {
+		return nil // the loop never started
+	}
+	cancel()
+	<-done
 	return b.reason
 }
 
@@ -489,62 +508,87 @@ func (b *beat) stop() error {
 // cancelled or the lease is lost it cancels the handler (cancelHandler) and
 // ends. A heartbeat that fails for another reason is retried; once no
 // heartbeat succeeded for a whole lease, the lease is taken as lost.
-func (w *Worker) heartbeat(log *slog.Logger, ct client.ClaimedTask, claimed time.Time, cancelHandler context.CancelCauseFunc) *beat {
-	ctx, cancel := context.WithCancel(context.Background())
-	b := &beat{cancel: cancel, done: make(chan struct{})}
+func (w *Worker) heartbeat(log func() *slog.Logger, ct client.ClaimedTask, claimed time.Time, cancelHandler context.CancelCauseFunc) *beat {
+	b := &beat{}
+	lease := w.cfg.Lease
+	interval := lease / 3
+	b.mu.Lock() // the timer may fire before b.timer is set
+	defer b.mu.Unlock()
+	b.timer = time.AfterFunc(interval, func() {
+		b.mu.Lock()
+		if b.stopped {
+			b.mu.Unlock()
+			return
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		b.cancel, b.done = cancel, make(chan struct{})
+		b.mu.Unlock()
+		defer close(b.done)
+		w.beatLoop(ctx, log, ct, claimed, cancelHandler, b)
+	})
+	return b
+}
+
+// beatLoop sends a task's heartbeats, the first at once, until ctx ends or
+// the handler is cancelled (b.reason).
+func (w *Worker) beatLoop(ctx context.Context, log func() *slog.Logger, ct client.ClaimedTask, claimed time.Time, cancelHandler context.CancelCauseFunc, b *beat) {
 	lease := w.cfg.Lease
 	interval := lease / 3
 	// The lease is held until about lease after the claim, then until
 	// lease after the last successful heartbeat was sent.
 	validUntil := claimed.Add(lease)
-	go func() {
-		defer close(b.done)
-		t := time.NewTimer(interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			sent := time.Now()
-			cctx, ccancel := context.WithTimeout(ctx, interval)
-			res, err := w.src.Heartbeat(cctx, ct.ID, ct.LeaseToken, lease)
-			ccancel()
-			if ctx.Err() != nil {
-				return // stopped: the handler returned
-			}
-			switch {
-			case err == nil && res.CancelRequested:
-				b.reason = ErrTaskCancelled
-			case err == nil:
-				validUntil = sent.Add(lease)
-			case errors.Is(err, client.ErrLeaseLost), errors.Is(err, client.ErrTaskFinished):
-				b.reason = err
-			case !time.Now().Before(validUntil):
-				b.reason = fmt.Errorf("%w: no heartbeat succeeded for %s (last error: %v)", client.ErrLeaseLost, lease, err)
-			default:
-				log.Warn("heartbeat failed; retrying", "err", err)
-			}
-			if b.reason != nil {
-				log.Info("cancelling the handler", "reason", b.reason)
-				cancelHandler(b.reason)
-				return
-			}
-			next := interval
-			if err != nil { // retry sooner, while the lease still holds
-				next = max(min(interval, time.Until(validUntil)/2), 10*time.Millisecond)
-			}
-			t.Reset(next)
+	var t *time.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
 		}
 	}()
-	return b
+	for {
+		sent := time.Now()
+		cctx, ccancel := context.WithTimeout(ctx, interval)
+		res, err := w.src.Heartbeat(cctx, ct.ID, ct.LeaseToken, lease)
+		ccancel()
+		if ctx.Err() != nil {
+			return // stopped: the handler returned
+		}
+		switch {
+		case err == nil && res.CancelRequested:
+			b.reason = ErrTaskCancelled
+		case err == nil:
+			validUntil = sent.Add(lease)
+		case errors.Is(err, client.ErrLeaseLost), errors.Is(err, client.ErrTaskFinished):
+			b.reason = err
+		case !time.Now().Before(validUntil):
+			b.reason = fmt.Errorf("%w: no heartbeat succeeded for %s (last error: %v)", client.ErrLeaseLost, lease, err)
+		default:
+			log().Warn("heartbeat failed; retrying", "err", err)
+		}
+		if b.reason != nil {
+			log().Info("cancelling the handler", "reason", b.reason)
+			cancelHandler(b.reason)
+			return
+		}
+		next := interval
+		if err != nil { // retry sooner, while the lease still holds
+			next = max(min(interval, time.Until(validUntil)/2), 10*time.Millisecond)
+		}
+		if t == nil {
+			t = time.NewTimer(next)
+		} else {
+			t.Reset(next)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // report sends a completion or failure, retrying transient failures
 // (network errors, 5xx) with backoff on a fresh context: the outcome of a
 // handler that finished during shutdown is still reported.
-func (w *Worker) report(log *slog.Logger, what string, send func(ctx context.Context) error) {
+func (w *Worker) report(log func() *slog.Logger, what string, send func(ctx context.Context) error) {
 	delay := claimBackoffMin
 	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), reportTimeout)
@@ -554,14 +598,14 @@ func (w *Worker) report(log *slog.Logger, what string, send func(ctx context.Con
 		case err == nil:
 			return
 		case errors.Is(err, client.ErrLeaseLost), errors.Is(err, client.ErrTaskFinished):
-			log.Info("report refused; the task moved on without this worker", "report", what, "err", err)
+			log().Info("report refused; the task moved on without this worker", "report", what, "err", err)
 			return
 		case !transient(err) || attempt == reportAttempts:
-			log.Error("report failed; the task will be handed out again when its lease expires", "report", what, "err", err, "attempts", attempt)
+			log().Error("report failed; the task will be handed out again when its lease expires", "report", what, "err", err, "attempts", attempt)
 			return
 		}
 		d := jitter(delay)
-		log.Warn("report failed; retrying", "report", what, "err", err, "retry_in", d)
+		log().Warn("report failed; retrying", "report", what, "err", err, "retry_in", d)
 		time.Sleep(d)
 		delay = min(2*delay, claimBackoffMax)
 	}

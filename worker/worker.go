@@ -398,15 +398,11 @@ func (w *Worker) executeChain(ctx, hctx context.Context, ct client.ClaimedTask, 
 // outcome; it returns the tasks an eager completion handed over. Once ctx
 // (the worker's run) ends it asks for none.
 func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claimed time.Time) []client.ClaimedTask {
-	// The task's logger is made when something is logged: With formats
-	// its attributes at once, for every task, and most log nothing.
-	log := sync.OnceValue(func() *slog.Logger {
-		return w.log.With("task_id", ct.ID, "type", ct.Type, "attempt", ct.Attempt)
-	})
+	log := taskLog{w.log, ct.ID, ct.Type, ct.Attempt}
 	h := w.handler(ct.Type)
 	if h == nil {
 		msg := fmt.Sprintf("no handler for type %s", ct.Type)
-		log().Error("failing task: " + msg)
+		log.get().Error("failing task: " + msg)
 		w.report(log, "fail", func(ctx context.Context) error {
 			return w.src.FailTask(ctx, ct.ID, ct.LeaseToken, msg, false)
 		})
@@ -419,7 +415,7 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 	start := time.Now()
 	res, err := w.call(tctx, log, h, t)
 	if reason := hb.stop(); reason != nil {
-		log().Info("dropping the handler's outcome", "reason", reason, "handler_err", err)
+		log.get().Info("dropping the handler's outcome", "reason", reason, "handler_err", err)
 		return nil
 	}
 	if err == nil {
@@ -428,7 +424,7 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 			err = NonRetryable(fmt.Errorf("encode the handler's result: %w", merr))
 		} else {
 			if w.log.Enabled(ctx, slog.LevelDebug) {
-				log().Debug("task handled", "duration", time.Since(start))
+				log.get().Debug("task handled", "duration", time.Since(start))
 			}
 			es, eager := w.src.(EagerSource)
 			if !eager || w.cfg.NoEager || ctx.Err() != nil {
@@ -458,7 +454,7 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 	if len(msg) > maxErrorLen {
 		msg = strings.ToValidUTF8(msg[:maxErrorLen], "") + "…"
 	}
-	log().Info("task attempt failed", "err", msg, "retryable", retryable, "duration", time.Since(start))
+	log.get().Info("task attempt failed", "err", msg, "retryable", retryable, "duration", time.Since(start))
 	w.report(log, "fail", func(ctx context.Context) error {
 		return w.src.FailTask(ctx, ct.ID, ct.LeaseToken, msg, retryable)
 	})
@@ -466,14 +462,26 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 }
 
 // call runs the handler, turning a panic into a (retryable) error.
-func (w *Worker) call(ctx context.Context, log func() *slog.Logger, h HandlerFunc, t *Task) (res any, err error) {
+func (w *Worker) call(ctx context.Context, log taskLog, h HandlerFunc, t *Task) (res any, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			log().Error("handler panicked", "panic", p, "stack", string(debug.Stack()))
+			log.get().Error("handler panicked", "panic", p, "stack", string(debug.Stack()))
 			res, err = nil, fmt.Errorf("panic: %v", p)
 		}
 	}()
 	return h(ctx, t)
+}
+
+// taskLog is a task's logger, made when something is logged: With
+// formats its attributes at once, for every task, and most log nothing.
+type taskLog struct {
+	base    *slog.Logger
+	id, typ string
+	attempt int
+}
+
+func (l taskLog) get() *slog.Logger {
+	return l.base.With("task_id", l.id, "type", l.typ, "attempt", l.attempt)
 }
 
 // beat is a task's heartbeats: none runs until the first is due, so a
@@ -508,7 +516,7 @@ func (b *beat) stop() error {
 // cancelled or the lease is lost it cancels the handler (cancelHandler) and
 // ends. A heartbeat that fails for another reason is retried; once no
 // heartbeat succeeded for a whole lease, the lease is taken as lost.
-func (w *Worker) heartbeat(log func() *slog.Logger, ct client.ClaimedTask, claimed time.Time, cancelHandler context.CancelCauseFunc) *beat {
+func (w *Worker) heartbeat(log taskLog, ct client.ClaimedTask, claimed time.Time, cancelHandler context.CancelCauseFunc) *beat {
 	b := &beat{}
 	lease := w.cfg.Lease
 	interval := lease / 3
@@ -531,7 +539,7 @@ func (w *Worker) heartbeat(log func() *slog.Logger, ct client.ClaimedTask, claim
 
 // beatLoop sends a task's heartbeats, the first at once, until ctx ends or
 // the handler is cancelled (b.reason).
-func (w *Worker) beatLoop(ctx context.Context, log func() *slog.Logger, ct client.ClaimedTask, claimed time.Time, cancelHandler context.CancelCauseFunc, b *beat) {
+func (w *Worker) beatLoop(ctx context.Context, log taskLog, ct client.ClaimedTask, claimed time.Time, cancelHandler context.CancelCauseFunc, b *beat) {
 	lease := w.cfg.Lease
 	interval := lease / 3
 	// The lease is held until about lease after the claim, then until
@@ -561,10 +569,10 @@ func (w *Worker) beatLoop(ctx context.Context, log func() *slog.Logger, ct clien
 		case !time.Now().Before(validUntil):
 			b.reason = fmt.Errorf("%w: no heartbeat succeeded for %s (last error: %v)", client.ErrLeaseLost, lease, err)
 		default:
-			log().Warn("heartbeat failed; retrying", "err", err)
+			log.get().Warn("heartbeat failed; retrying", "err", err)
 		}
 		if b.reason != nil {
-			log().Info("cancelling the handler", "reason", b.reason)
+			log.get().Info("cancelling the handler", "reason", b.reason)
 			cancelHandler(b.reason)
 			return
 		}
@@ -588,7 +596,7 @@ func (w *Worker) beatLoop(ctx context.Context, log func() *slog.Logger, ct clien
 // report sends a completion or failure, retrying transient failures
 // (network errors, 5xx) with backoff on a fresh context: the outcome of a
 // handler that finished during shutdown is still reported.
-func (w *Worker) report(log func() *slog.Logger, what string, send func(ctx context.Context) error) {
+func (w *Worker) report(log taskLog, what string, send func(ctx context.Context) error) {
 	delay := claimBackoffMin
 	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), reportTimeout)
@@ -598,14 +606,14 @@ func (w *Worker) report(log func() *slog.Logger, what string, send func(ctx cont
 		case err == nil:
 			return
 		case errors.Is(err, client.ErrLeaseLost), errors.Is(err, client.ErrTaskFinished):
-			log().Info("report refused; the task moved on without this worker", "report", what, "err", err)
+			log.get().Info("report refused; the task moved on without this worker", "report", what, "err", err)
 			return
 		case !transient(err) || attempt == reportAttempts:
-			log().Error("report failed; the task will be handed out again when its lease expires", "report", what, "err", err, "attempts", attempt)
+			log.get().Error("report failed; the task will be handed out again when its lease expires", "report", what, "err", err, "attempts", attempt)
 			return
 		}
 		d := jitter(delay)
-		log().Warn("report failed; retrying", "report", what, "err", err, "retry_in", d)
+		log.get().Warn("report failed; retrying", "report", what, "err", err, "retry_in", d)
 		time.Sleep(d)
 		delay = min(2*delay, claimBackoffMax)
 	}

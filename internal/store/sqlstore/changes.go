@@ -331,7 +331,7 @@ func (c *changeset) addTask(t *store.Task, now time.Time) {
 		if t.ToWaitingClaim {
 			how = "waiting_claim"
 		}
-		c.events = append(c.events, eventRow{owner: t.ID, seq: 2, typ: "claimed", data: mustJSON(map[string]any{"worker_id": t.LeasedBy, "attempt": t.Attempt, "lease_until": t.LeaseUntil.UTC(), how: true}), at: ts(now), cap: taskRowEvents})
+		c.events = append(c.events, eventRow{owner: t.ID, seq: 2, typ: "claimed", data: claimedData(t, how), at: ts(now), cap: taskRowEvents})
 	}
 }
 

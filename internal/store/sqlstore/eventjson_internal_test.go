@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"pgregory.net/rapid"
+
+	"github.com/ferryhq/ferry/internal/store"
 )
 
 // TestEncodeDataMatchesEncodingJSON: encodeData writes what json.Marshal
@@ -109,4 +111,39 @@ func TestRowEventsByOwner(t *testing.T) {
 	if runEvents(runRowEventsSteps+1, false) != runRowEvents {
 		t.Fatal("a run whose steps are not in its row has no room for its events")
 	}
+}
+
+// TestTaskEventDataMatchesTheMaps: the data of a task's "created" event
+// and of the "claimed" event of a task leased as it is created, written
+// without maps, are byte for byte what encodeData writes for the maps
+// they stand for, for any ids, types, steps and worker ids, attempts and
+// lease ends (years json.Marshal refuses included).
+func TestTaskEventDataMatchesTheMaps(t *testing.T) {
+	str := rapid.OneOf(
+		rapid.StringMatching(`[a-z0-9.\-]{0,20}`),
+		rapid.String(),
+		rapid.SampledFrom([]string{"", `"`, `\`, "<b>", "a&b", "\n", "é", "\xff"}),
+	)
+	rapid.Check(t, func(t *rapid.T) {
+		until := time.UnixMicro(rapid.Int64Range(-70000000000000, 300000000000000).Draw(t, "until"))
+		if rapid.Bool().Draw(t, "zoned") {
+			until = until.In(time.FixedZone("x", 5400))
+		}
+		task := &store.Task{Type: str.Draw(t, "type"), LeasedBy: str.Draw(t, "worker"), Attempt: rapid.IntRange(0, 1000).Draw(t, "attempt"), LeaseUntil: &until}
+		if rapid.Bool().Draw(t, "step") {
+			task.RunID, task.Step = str.Draw(t, "run"), str.Draw(t, "name")
+		}
+		created := map[string]any{"type": task.Type}
+		if task.RunID != "" {
+			created["run_id"], created["step"] = task.RunID, task.Step
+		}
+		if got, want := createdData(task), mustJSON(created); got != want {
+			t.Fatalf("createdData = %s, want %s", got, want)
+		}
+		how := rapid.SampledFrom([]string{"eager", "waiting_claim"}).Draw(t, "how")
+		want := mustJSON(map[string]any{"worker_id": task.LeasedBy, "attempt": task.Attempt, "lease_until": task.LeaseUntil.UTC(), how: true})
+		if got := claimedData(task, how); got != want {
+			t.Fatalf("claimedData = %s, want %s", got, want)
+		}
+	})
 }

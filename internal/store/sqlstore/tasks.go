@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -72,11 +73,46 @@ func taskInsertArgs(t *store.Task) []any {
 }
 
 func createdData(t *store.Task) string {
-	d := map[string]any{"type": t.Type}
+	// encodeData of {"type", and "run_id" and "step" for a step's task},
+	// written without the map (keys in encoding/json's sorted order).
+	b := make([]byte, 0, 32+len(t.Type)+len(t.RunID)+len(t.Step))
+	b = append(b, '{')
 	if t.RunID != "" {
-		d["run_id"], d["step"] = t.RunID, t.Step
+		b = append(b, `"run_id":`...)
+		b = appendJSONString(b, t.RunID)
+		b = append(b, `,"step":`...)
+		b = appendJSONString(b, t.Step)
+		b = append(b, ',')
 	}
-	return mustJSON(d)
+	b = append(b, `"type":`...)
+	b = appendJSONString(b, t.Type)
+	return string(append(b, '}'))
+}
+
+// claimedData is the data of the "claimed" event of a task leased as it is
+// created (how: "eager" or "waiting_claim"): encodeData of {"worker_id",
+// "attempt", "lease_until", how: true}, written without the map.
+func claimedData(t *store.Task, how string) string {
+	until := t.LeaseUntil.UTC()
+	if y := until.Year(); y < 0 || y > 9999 {
+		return mustJSON(map[string]any{"worker_id": t.LeasedBy, "attempt": t.Attempt, "lease_until": until, how: true})
+	}
+	b := make([]byte, 0, 128+len(t.LeasedBy))
+	b = append(b, `{"attempt":`...)
+	b = strconv.AppendInt(b, int64(t.Attempt), 10)
+	flag := func(name string) {
+		if how == name {
+			b = append(b, `,"`+name+`":true`...)
+		}
+	}
+	flag("eager")
+	b = append(b, `,"lease_until":"`...)
+	b = until.AppendFormat(b, time.RFC3339Nano)
+	b = append(b, '"')
+	flag("waiting_claim")
+	b = append(b, `,"worker_id":`...)
+	b = appendJSONString(b, t.LeasedBy)
+	return string(append(b, '}'))
 }
 
 // mustJSON is the data of an event the store writes itself (never

@@ -562,8 +562,12 @@ func (s *Store) insertOn(table, cols, on string, types []string, rows [][]any) [
 // parameters; nil elements are NULL).
 func columns(rows [][]any, n int) []any {
 	cols := make([]any, n)
+	// One array for all the columns, each a full slice of its part (one
+	// allocation, not one per column: they were a twelfth of the objects
+	// a chain10 step allocated).
+	all := make([]any, n*len(rows))
 	for j := range cols {
-		col := make([]any, len(rows))
+		col := all[j*len(rows) : (j+1)*len(rows) : (j+1)*len(rows)]
 		for i, r := range rows {
 			col[i] = r[j]
 		}

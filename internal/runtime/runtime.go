@@ -613,9 +613,10 @@ func (r *Runtime) decide(def *spec.Workflow, run *store.Run, steps []*store.Step
 			if st.RetriesSet {
 				t.MaxAttempts = st.Retries + 1
 			}
-			s.Request, _ = json.Marshal(map[string]any{"task_id": t.ID, "type": t.Type})
+			ref := taskRef(t.ID, t.Type)
+			s.Request = ref
 			ch.tasks = append(ch.tasks, t)
-			ch.events = append(ch.events, store.NewEvent{Type: "step_started", Step: s.Name, Data: map[string]any{"task_id": t.ID, "type": t.Type}})
+			ch.events = append(ch.events, store.NewEvent{Type: "step_started", Step: s.Name, Data: store.EventJSON(ref)})
 		case engine.StartSleep:
 			wake := now.Add(d.Sleep)
 			s.Status, s.WakeAt, s.StartedAt = status.StepSleeping, &wake, &now

@@ -544,7 +544,7 @@ func (r *Runtime) finishTask(ctx context.Context, tx store.TaskTx, final string,
 	switch final {
 	case status.TaskSucceeded:
 		s.Status, s.Body, s.Error = status.StepSuccess, result, ""
-		ch.events = append(ch.events, store.NewEvent{Type: "step_succeeded", Step: s.Name, Data: map[string]any{"task_id": t.ID, "attempt": t.Attempt}})
+		ch.events = append(ch.events, store.NewEvent{Type: "step_succeeded", Step: s.Name, Data: store.EventJSON(attemptRef(t.Attempt, t.ID))})
 	case status.TaskCancelled:
 		s.Status, s.Error = status.StepCancelled, msg
 		ch.events = append(ch.events, store.NewEvent{Type: "step_failed", Step: s.Name, Data: map[string]any{"status": s.Status, "error": msg, "task_id": t.ID}})

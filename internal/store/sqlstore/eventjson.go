@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/ferryhq/ferry/internal/store"
 )
 
 // encodeData is json.Marshal(v), byte for byte, for the data of an event.
@@ -14,6 +16,9 @@ import (
 // the jobs workload. Those maps are written here directly; any other
 // value (a float, a nested value) goes to encoding/json.
 func encodeData(v any) ([]byte, error) {
+	if j, ok := v.(store.EventJSON); ok && j != nil {
+		return j, nil
+	}
 	if m, ok := v.(map[string]any); ok && m != nil { // nil is null
 		if b, ok := appendMap(make([]byte, 0, 128), m); ok {
 			return b, nil

@@ -147,3 +147,13 @@ func TestTaskEventDataMatchesTheMaps(t *testing.T) {
 		}
 	})
 }
+
+// TestEventJSONKeptAsItIs: data the caller encoded goes into the event as
+// it is (not re-encoded: a JSON string of it, say).
+func TestEventJSONKeptAsItIs(t *testing.T) {
+	in := `{"task_id":"01J","type":"a.b.v1"}`
+	got, err := encodeData(store.EventJSON(in))
+	if err != nil || string(got) != in {
+		t.Fatalf("encodeData = %s, %v; want %s", got, err, in)
+	}
+}

@@ -1,0 +1,31 @@
+package runtime
+
+import (
+	"encoding/json"
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+// TestEventDataMatchesTheMaps: taskRef and attemptRef write what
+// json.Marshal writes for the maps they stand for, for ids and types of
+// any bytes (quotes, escapes, HTML characters, non-ASCII, invalid UTF-8)
+// and any attempt.
+func TestEventDataMatchesTheMaps(t *testing.T) {
+	str := rapid.OneOf(
+		rapid.StringMatching(`[a-z0-9.\-]{0,36}`),
+		rapid.String(),
+		rapid.SampledFrom([]string{"", `"`, `\`, "<b>", "a&b", "\n", "é", "\u2028", "\xff"}),
+	)
+	rapid.Check(t, func(t *rapid.T) {
+		id, typ, attempt := str.Draw(t, "id"), str.Draw(t, "type"), rapid.Int().Draw(t, "attempt")
+		want, _ := json.Marshal(map[string]any{"task_id": id, "type": typ})
+		if got := taskRef(id, typ); string(got) != string(want) {
+			t.Fatalf("taskRef = %s, want %s", got, want)
+		}
+		want, _ = json.Marshal(map[string]any{"task_id": id, "attempt": attempt})
+		if got := attemptRef(attempt, id); string(got) != string(want) {
+			t.Fatalf("attemptRef = %s, want %s", got, want)
+		}
+	})
+}

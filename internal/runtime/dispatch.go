@@ -191,8 +191,8 @@ func (r *Runtime) track(runID string, id int64, cancel context.CancelFunc) func(
 }
 
 // runHTTP executes one attempt outside any transaction, renewing the lease
-// while the request is in flight, then records the outcome fenced by the
-// lease token so a stale executor can never record twice.
+// until its outcome is recorded, fenced by the lease token so a stale
+// executor can never record twice.
 func (r *Runtime) runHTTP(ctx context.Context, it *store.QueueItem) error {
 	run, steps, err := r.st.GetRun(ctx, it.RunID)
 	if err != nil {
@@ -216,18 +216,27 @@ func (r *Runtime) runHTTP(ctx context.Context, it *store.QueueItem) error {
 	if err := json.Unmarshal(st.Request, &req); err != nil {
 		return fmt.Errorf("decode stored request: %w", err)
 	}
+	if err := r.holdLease(ctx, it); err != nil {
+		return err
+	}
 	actx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	untrack := r.track(it.RunID, it.ID, cancel)
 	defer untrack()
 	renewDone := make(chan struct{})
 	go r.renew(actx, cancel, it, renewDone)
+	// The lease is renewed until the outcome is recorded, not only while
+	// the request is in flight: the recording waits for the run's lock,
+	// which another step's outcome may hold, and a lease that ran out
+	// meanwhile let another node send the attempt again.
+	defer func() {
+		cancel()
+		<-renewDone
+	}()
 	res := r.cfg.HTTP.Do(actx, httpstep.Request{
 		URL: req.URL, Method: req.Method, Headers: req.Headers, Body: req.Body,
 		Timeout: spec.Timeout, RunID: it.RunID, Step: it.Step, Attempt: it.Attempt,
 	})
-	cancel()
-	<-renewDone
 	if ctx.Err() != nil {
 		// Shutting down: leave the item leased; it is retried after the
 		// lease, with the same attempt number.
@@ -289,6 +298,29 @@ func attemptError(res httpstep.Result) string {
 		return fmt.Sprintf("HTTP %d", res.StatusCode)
 	}
 	return ""
+}
+
+// holdLease makes sure, before an attempt's request is sent, that its
+// lease is still this executor's. The lease runs from the claim, and the
+// renewals start with the request: a process stalled between the two for
+// most of a lease (starved of CPU, paused) would otherwise send a request
+// whose lease another node had meanwhile taken, and the attempt would
+// run twice (seen under load, the two requests 0.4 s apart with a 2 s
+// lease). With less than half the lease left, it is extended first,
+// fenced by its token: that fails if another executor took the item, and
+// restarts the lease's full length for the request. A lease with more
+// left costs nothing.
+func (r *Runtime) holdLease(ctx context.Context, it *store.QueueItem) error {
+	now := r.clk.Now()
+	if it.LeaseUntil.Sub(now) >= r.cfg.Lease/2 {
+		return nil
+	}
+	until := now.Add(r.cfg.Lease)
+	if err := r.st.ExtendLease(ctx, it.ID, it.LeaseToken, until); err != nil {
+		return err
+	}
+	it.LeaseUntil = until
+	return nil
 }
 
 // renew extends the lease at a third of its length; losing it (the run was

@@ -627,15 +627,19 @@ func TestCreateRunsWaitsForWorkflowUpdate(t *testing.T) {
 // parameters are added to the DSN.
 func pipeStore(t *testing.T, n int, extra ...string) (*postgres.Store, []*store.Run, []*store.Task, time.Time) {
 	t.Helper()
-	dsn := withParam(t, pgtest.DSN(t), "ferry_max_conns", "2")
+	base := withParam(t, pgtest.DSN(t), "ferry_max_conns", "2")
+	dsn := base
 	for i := 0; i+1 < len(extra); i += 2 {
 		dsn = withParam(t, dsn, extra[i], extra[i+1])
 	}
-	s := openDSN(t, dsn)
 	ctx := t.Context()
-	if err := s.Migrate(ctx); err != nil {
+	// Migrated without the extra settings: the migration lock is one for
+	// the whole database, and a short lock_timeout would fail it while a
+	// parallel test migrates its own schema.
+	if err := openDSN(t, base).Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
+	s := openDSN(t, dsn)
 	wf, err := s.CreateWorkflow(ctx, &store.Workflow{Name: "pipe", Fingerprint: "f", Definition: json.RawMessage(`{}`), Enabled: true})
 	if err != nil {
 		t.Fatal(err)

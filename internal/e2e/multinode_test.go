@@ -28,8 +28,15 @@ func TestTwoNodesShareOnePostgres(t *testing.T) {
 		mu.Unlock()
 		fmt.Fprint(w, `{"ok": true}`)
 	})
-	a := startServer(t, freePort(t), db)
-	b := startServer(t, freePort(t), db)
+	// A lease of 10 s, not the suite's 2 s: with the whole suite's race-
+	// built servers on two cores, a node went without renewing its leases
+	// for over a second (its log: a dozen leases lost within half a
+	// second, a connection dropped), the 2 s leases ran out and the other
+	// node sent those attempts again, as an expired lease allows. This
+	// test is about two nodes sharing the runs, not about leases running
+	// out (TestStaleLeaseSendsNoRequest and the crash tests are).
+	a := startServer(t, freePort(t), db, "--lease", "10s")
+	b := startServer(t, freePort(t), db, "--lease", "10s")
 	ca, cb := client{t, "http://" + a.addr}, client{t, "http://" + b.addr}
 	ca.must(201, "POST", "/api/v1/workflows", fmt.Sprintf(`{"name": "fan", "tasks": {
 		"a": {"url": "%[1]s/step"},

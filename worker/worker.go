@@ -58,8 +58,10 @@ type Config struct {
 	// Prefetch lets a claim take up to this many tasks beyond the free
 	// slots; they wait in memory for a slot. Fewer, larger claims help when
 	// handlers are quick. A prefetched task's lease runs while it waits, so
-	// keep Prefetch well below what the handlers finish in a lease. Default
-	// 0 (claim only for free slots).
+	// keep Prefetch well below what the handlers finish in a lease: one
+	// that waited half a lease or more is sent a heartbeat before its
+	// handler starts, and dropped, unrun, if its lease has been lost
+	// meanwhile. Default 0 (claim only for free slots).
 	Prefetch int
 	// NoEager turns off eager dispatch. By default, when the Source is an
 	// EagerSource, a completion asks for the next step of the same run if
@@ -408,6 +410,10 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 		})
 		return nil
 	}
+	claimed, ok := w.stillHeld(ctx, log, ct, claimed)
+	if !ok {
+		return nil
+	}
 	tctx, cancel := context.WithCancelCause(hctx) // the handler's; ctx is the worker's run
 	defer cancel(nil)
 	hb := w.heartbeat(log, ct, claimed, cancel)
@@ -459,6 +465,36 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 		return w.src.FailTask(ctx, ct.ID, ct.LeaseToken, msg, retryable)
 	})
 	return nil
+}
+
+// stillHeld checks, before a task's handler starts, that a task claimed
+// half a lease ago or more is still this worker's: a prefetched task's
+// lease runs while it waits for a slot, and once it has run out another
+// worker may hold the task, whose handler would then run twice. A
+// heartbeat answers: the task is dropped, unrun, if it was taken, finished
+// or cancelled; on success its lease counts from the heartbeat. When the
+// heartbeat fails for another reason (the server unreachable), the handler
+// runs as before and its heartbeats decide, the lease still counting from
+// the claim.
+func (w *Worker) stillHeld(ctx context.Context, log taskLog, ct client.ClaimedTask, claimed time.Time) (time.Time, bool) {
+	if time.Since(claimed) < w.cfg.Lease/2 {
+		return claimed, true
+	}
+	sent := time.Now()
+	hctx, cancel := context.WithTimeout(ctx, w.cfg.Lease/3)
+	res, err := w.src.Heartbeat(hctx, ct.ID, ct.LeaseToken, w.cfg.Lease)
+	cancel()
+	switch {
+	case err == nil && res.CancelRequested:
+		log.get().Info("dropping a task cancelled while it waited for a slot")
+		return claimed, false
+	case err == nil:
+		return sent, true
+	case errors.Is(err, client.ErrLeaseLost), errors.Is(err, client.ErrTaskFinished):
+		log.get().Info("dropping a task whose lease ran out while it waited for a slot", "err", err)
+		return claimed, false
+	}
+	return claimed, true
 }
 
 // call runs the handler, turning a panic into a (retryable) error.

@@ -1072,3 +1072,79 @@ func TestPrefetch(t *testing.T) {
 		t.Errorf("%d handlers ran at once, want at most Concurrency (1)", m)
 	}
 }
+
+// lostWatch reports the tasks whose heartbeat found the lease lost.
+type lostWatch struct {
+	worker.Source
+	lost chan string
+}
+
+func (s *lostWatch) Heartbeat(ctx context.Context, id, token string, lease time.Duration) (client.HeartbeatResult, error) {
+	res, err := s.Source.Heartbeat(ctx, id, token, lease)
+	if errors.Is(err, client.ErrLeaseLost) {
+		s.lost <- id
+	}
+	return res, err
+}
+
+// TestStalePrefetchedTaskIsNotRun: a prefetched task that waited for its
+// slot until its lease ran out, and that another worker took meanwhile,
+// is dropped without running its handler when its slot frees up (the
+// task would otherwise run twice).
+func TestStalePrefetchedTaskIsNotRun(t *testing.T) {
+	eachSource(t, func(t *testing.T, e *env) {
+		src := &lostWatch{Source: e.src, lost: make(chan string, 16)}
+		w := newWorker(t, src, worker.Config{Types: []string{"test.stale.v1"}, Concurrency: 1, Prefetch: 1, Lease: time.Second, NoEager: true})
+		first := e.create(t, "test.stale.v1", `{"n": 1}`)
+		second := e.create(t, "test.stale.v1", `{"n": 2}`)
+		started := make(chan string, 4)
+		release := make(chan struct{})
+		w.Handle("test.stale.v1", func(ctx context.Context, task *worker.Task) (any, error) {
+			started <- task.ID
+			if task.ID == first {
+				<-release
+			}
+			return "done", nil
+		})
+		start(t, w)
+		if got := recv(t, started, "the first handler"); got != first {
+			t.Fatalf("first handler ran task %s, want %s", got, first)
+		}
+		// The second task waits in the worker's buffer; once its lease
+		// has run out another worker takes it.
+		deadline := time.Now().Add(waitFor)
+		for {
+			got, err := e.src.ClaimTasks(context.Background(), client.ClaimRequest{Types: []string{"test.stale.v1"}, WorkerID: "thief", Lease: time.Minute, Max: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) == 1 {
+				if got[0].ID != second {
+					t.Fatalf("the thief took %s, want the prefetched %s", got[0].ID, second)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the prefetched task's lease never ran out")
+			}
+			time.Sleep(50 * time.Millisecond) // polling interval
+		}
+		close(release)
+		select {
+		case got := <-src.lost:
+			if got != second {
+				t.Fatalf("lease lost for %s, want %s", got, second)
+			}
+		case id := <-started:
+			t.Fatalf("handler ran task %s after its lease was taken", id)
+		case <-time.After(waitFor):
+			t.Fatal("timed out waiting for the stale task's heartbeat")
+		}
+		e.waitTask(t, first, "success", status(client.TaskSucceeded))
+		select {
+		case id := <-started:
+			t.Fatalf("handler ran task %s after its lease was taken", id)
+		default:
+		}
+	})
+}

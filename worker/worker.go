@@ -410,7 +410,9 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 		})
 		return nil
 	}
-	claimed, ok := w.stillHeld(ctx, log, ct, claimed)
+	// hctx, not ctx: a prefetched task still starts once shutdown has
+	// begun, and its check must not fail for that.
+	claimed, ok := w.stillHeld(hctx, log, ct, claimed)
 	if !ok {
 		return nil
 	}
@@ -472,10 +474,10 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 // lease runs while it waits for a slot, and once it has run out another
 // worker may hold the task, whose handler would then run twice. A
 // heartbeat answers: the task is dropped, unrun, if it was taken, finished
-// or cancelled; on success its lease counts from the heartbeat. When the
-// heartbeat fails for another reason (the server unreachable), the handler
-// runs as before and its heartbeats decide, the lease still counting from
-// the claim.
+// or cancelled, or if ctx (the handlers' context) has ended; on success
+// its lease counts from the heartbeat. When the heartbeat fails for
+// another reason (the server unreachable), the handler runs as before and
+// its heartbeats decide, the lease still counting from the claim.
 func (w *Worker) stillHeld(ctx context.Context, log taskLog, ct client.ClaimedTask, claimed time.Time) (time.Time, bool) {
 	if time.Since(claimed) < w.cfg.Lease/2 {
 		return claimed, true
@@ -493,6 +495,8 @@ func (w *Worker) stillHeld(ctx context.Context, log taskLog, ct client.ClaimedTa
 	case errors.Is(err, client.ErrLeaseLost), errors.Is(err, client.ErrTaskFinished):
 		log.get().Info("dropping a task whose lease ran out while it waited for a slot", "err", err)
 		return claimed, false
+	case ctx.Err() != nil:
+		return claimed, false // the handlers' context ended: it would not run
 	}
 	return claimed, true
 }

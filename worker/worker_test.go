@@ -1090,8 +1090,17 @@ func (s *lostWatch) Heartbeat(ctx context.Context, id, token string, lease time.
 // TestStalePrefetchedTaskIsNotRun: a prefetched task that waited for its
 // slot until its lease ran out, and that another worker took meanwhile,
 // is dropped without running its handler when its slot frees up (the
-// task would otherwise run twice).
+// task would otherwise run twice), also once the worker has begun to
+// shut down (prefetched tasks still start then).
 func TestStalePrefetchedTaskIsNotRun(t *testing.T) {
+	for _, shutdown := range []bool{false, true} {
+		t.Run(map[bool]string{false: "running", true: "shutting down"}[shutdown], func(t *testing.T) {
+			stalePrefetched(t, shutdown)
+		})
+	}
+}
+
+func stalePrefetched(t *testing.T, shutdown bool) {
 	eachSource(t, func(t *testing.T, e *env) {
 		src := &lostWatch{Source: e.src, lost: make(chan string, 16)}
 		w := newWorker(t, src, worker.Config{Types: []string{"test.stale.v1"}, Concurrency: 1, Prefetch: 1, Lease: time.Second, NoEager: true})
@@ -1106,7 +1115,7 @@ func TestStalePrefetchedTaskIsNotRun(t *testing.T) {
 			}
 			return "done", nil
 		})
-		start(t, w)
+		run := start(t, w)
 		if got := recv(t, started, "the first handler"); got != first {
 			t.Fatalf("first handler ran task %s, want %s", got, first)
 		}
@@ -1129,6 +1138,10 @@ func TestStalePrefetchedTaskIsNotRun(t *testing.T) {
 			}
 			time.Sleep(50 * time.Millisecond) // polling interval
 		}
+		stopped := make(chan error, 1)
+		if shutdown {
+			go func() { stopped <- run.stop(t) }()
+		}
 		close(release)
 		select {
 		case got := <-src.lost:
@@ -1141,6 +1154,11 @@ func TestStalePrefetchedTaskIsNotRun(t *testing.T) {
 			t.Fatal("timed out waiting for the stale task's heartbeat")
 		}
 		e.waitTask(t, first, "success", status(client.TaskSucceeded))
+		if shutdown {
+			if err := recv(t, stopped, "the worker's shutdown"); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+		}
 		select {
 		case id := <-started:
 			t.Fatalf("handler ran task %s after its lease was taken", id)

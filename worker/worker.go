@@ -486,19 +486,28 @@ func (w *Worker) stillHeld(ctx context.Context, log taskLog, ct client.ClaimedTa
 	hctx, cancel := context.WithTimeout(ctx, w.cfg.Lease/3)
 	res, err := w.src.Heartbeat(hctx, ct.ID, ct.LeaseToken, w.cfg.Lease)
 	cancel()
-	switch {
-	case err == nil && res.CancelRequested:
-		log.get().Info("dropping a task cancelled while it waited for a slot")
+	switch reason := lostBy(res, err); {
+	case reason != nil:
+		log.get().Info("dropping a task that waited for a slot", "reason", reason)
 		return claimed, false
 	case err == nil:
 		return sent, true
-	case errors.Is(err, client.ErrLeaseLost), errors.Is(err, client.ErrTaskFinished):
-		log.get().Info("dropping a task whose lease ran out while it waited for a slot", "err", err)
-		return claimed, false
 	case ctx.Err() != nil:
 		return claimed, false // the handlers' context ended: it would not run
 	}
 	return claimed, true
+}
+
+// lostBy is why a heartbeat's answer says the task is no longer this
+// worker's to run (cancelled, its lease taken, or finished), or nil.
+func lostBy(res client.HeartbeatResult, err error) error {
+	switch {
+	case err == nil && res.CancelRequested:
+		return ErrTaskCancelled
+	case errors.Is(err, client.ErrLeaseLost), errors.Is(err, client.ErrTaskFinished):
+		return err
+	}
+	return nil
 }
 
 // call runs the handler, turning a panic into a (retryable) error.
@@ -599,13 +608,11 @@ func (w *Worker) beatLoop(ctx context.Context, log taskLog, ct client.ClaimedTas
 		if ctx.Err() != nil {
 			return // stopped: the handler returned
 		}
-		switch {
-		case err == nil && res.CancelRequested:
-			b.reason = ErrTaskCancelled
+		switch reason := lostBy(res, err); {
+		case reason != nil:
+			b.reason = reason
 		case err == nil:
 			validUntil = sent.Add(lease)
-		case errors.Is(err, client.ErrLeaseLost), errors.Is(err, client.ErrTaskFinished):
-			b.reason = err
 		case !time.Now().Before(validUntil):
 			b.reason = fmt.Errorf("%w: no heartbeat succeeded for %s (last error: %v)", client.ErrLeaseLost, lease, err)
 		default:

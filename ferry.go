@@ -79,6 +79,17 @@ func OpenStore(ctx context.Context, database string) (store.Store, error) {
 	return nil, fmt.Errorf("database %q: use sqlite:PATH or a postgres:// URL", database)
 }
 
+// warmer is a store that can open its connections and load their caches
+// before work begins (Postgres), so that the first runs after a start do
+// not wait for that.
+type warmer interface {
+	Warm(ctx context.Context) error
+}
+
+// warmFor bounds the warm-up: past it, the engine starts and connections
+// open as they are needed.
+const warmFor = 2 * time.Second
+
 // Open opens the database and builds the engine. Call Run to execute work
 // and serve Handler over HTTP.
 func Open(ctx context.Context, cfg Config) (*Engine, error) {
@@ -98,6 +109,13 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 			st.Close()
 			return nil, fmt.Errorf("migrate: %w", err)
 		}
+	}
+	if w, ok := st.(warmer); ok {
+		wctx, cancel := context.WithTimeout(ctx, warmFor)
+		if err := w.Warm(wctx); err != nil && ctx.Err() == nil {
+			cfg.Logger.Warn("warming database connections failed", "err", err)
+		}
+		cancel()
 	}
 	limits := spec.DefaultLimits
 	if cfg.MaxDefinitionBytes > 0 {

@@ -960,3 +960,48 @@ func TestMigrateWithOneWriterConnection(t *testing.T) {
 		t.Fatalf("schema version after Migrate = %d, %v", v, err)
 	}
 }
+
+// TestWarmOpensConnections: Warm leaves the connections a light load uses
+// open and idle in the pools, each having read the hot tables, and fits a
+// pool smaller than that without waiting for a connection it holds itself.
+func TestWarmOpensConnections(t *testing.T) {
+	s := open(t)
+	if n := s.DB().Stats().OpenConnections; n > 2 {
+		t.Fatalf("%d write connections open before Warm, want at most the migration's", n)
+	}
+	if err := s.Warm(t.Context()); err != nil {
+		t.Fatalf("Warm: %v", err)
+	}
+	if w, r := s.DB().Stats(), s.ReadDB().Stats(); w.Idle < 8 || r.Idle < 1 {
+		t.Errorf("after Warm: %d write and %d read connections idle, want at least 8 and 1", w.Idle, r.Idle)
+	}
+
+	small := openDSN(t, pgtest.DSN(t)+"&ferry_max_conns=2")
+	if err := small.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := small.Warm(ctx); err != nil {
+		t.Fatalf("Warm with one writer and one reader: %v", err)
+	}
+	if w, r := small.DB().Stats().Idle, small.ReadDB().Stats().Idle; w != 1 || r != 1 {
+		t.Errorf("after Warm of a two-connection store: %d write and %d read connections idle, want 1 and 1", w, r)
+	}
+}
+
+// TestWarmBeforeMigrateFails: Warm reads the hot tables, so on a schema
+// without them it says so, and the store works once migrated.
+func TestWarmBeforeMigrateFails(t *testing.T) {
+	s := openDSN(t, pgtest.DSN(t))
+	err := s.Warm(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "warming") {
+		t.Fatalf("Warm on an empty schema = %v, want a warming error", err)
+	}
+	if err := s.Migrate(t.Context()); err != nil {
+		t.Fatalf("Migrate after a failed Warm: %v", err)
+	}
+	if _, err := s.CreateWorkflow(t.Context(), &store.Workflow{Name: "after-warm", Fingerprint: "f", Definition: json.RawMessage(`{}`)}); err != nil {
+		t.Fatalf("CreateWorkflow after a failed Warm: %v", err)
+	}
+}

@@ -976,7 +976,7 @@ func TestWarmOpensConnections(t *testing.T) {
 		t.Errorf("after Warm: %d write and %d read connections idle, want at least 8 and 1", w.Idle, r.Idle)
 	}
 
-	small := openDSN(t, pgtest.DSN(t)+"&ferry_max_conns=2")
+	small := openDSN(t, withParam(t, pgtest.DSN(t), "ferry_max_conns", "2"))
 	if err := small.Migrate(t.Context()); err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -63,9 +64,11 @@ func TestReportsOfOneRunShareALane(t *testing.T) {
 }
 
 // TestBatchUnderLoadWaitsForMore: with a flush window, a lone request is
-// written at once, and a loop whose last batch held several waits for
-// its next batch to fill (here: the window is an hour, so only the size
-// can end the wait) instead of writing its first request alone.
+// written at once, and a loop whose last batch held several waits for its
+// next batch to hold the requests it can expect (here: the window is an
+// hour, so only the count can end the wait) instead of writing its first
+// request alone: the last batch's (their callers come back) and those
+// already waiting when it was written, at most the size set.
 func TestBatchUnderLoadWaitsForMore(t *testing.T) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -89,40 +92,57 @@ func TestBatchUnderLoadWaitsForMore(t *testing.T) {
 		go func() { _ = b.do(q, q.done) }()
 		return q.done
 	}
-	next := func() []string {
+	next := func(want ...string) {
 		t.Helper()
 		select {
 		case got := <-applied:
-			return got
+			slices.Sort(got)
+			if !slices.Equal(got, want) {
+				t.Fatalf("batch %v, want %v", got, want)
+			}
 		case <-time.After(10 * time.Second):
-			t.Fatal("no batch applied within 10s")
-			return nil
+			t.Fatalf("no batch applied within 10s, want %v", want)
 		}
+	}
+	queued := func(n int) {
+		t.Helper()
+		testwait.Until(t, 10*time.Second, fmt.Sprintf("%d requests queued", n), func() bool { return len(b.lanes[0]) == n })
 	}
 	// A lone request goes at once, though the window is an hour.
 	submit("a")
-	if got := next(); !slices.Equal(got, []string{"a"}) {
-		t.Fatalf("first batch %v, want [a]", got)
-	}
-	// While a is being written, b and c queue: the next batch holds both.
-	bDone, cDone := submit("b"), submit("c")
-	testwait.Until(t, 10*time.Second, "b and c queued", func() bool { return len(b.lanes[0]) == 2 })
+	next("a")
+	// While a is being written, b and c queue: the next batch holds both,
+	// at once (its last batch held one).
+	submit("b")
+	submit("c")
+	queued(2)
 	gate <- struct{}{}
-	if got := next(); len(got) != 2 {
-		t.Fatalf("second batch %v, want b and c", got)
-	}
-	<-bDone
-	<-cDone
+	next("b", "c")
 	gate <- struct{}{}
-	// Under load now: d waits for e and f rather than going alone.
+	// Under load now: two came last time and none was left waiting, so d
+	// waits for one more, and only one.
 	submit("d")
-	testwait.Until(t, 10*time.Second, "d taken by the loop", func() bool { return len(b.lanes[0]) == 0 })
+	queued(0)
 	submit("e")
+	next("d", "e")
+	// While d and e are written, f queues: the next batch can expect d's
+	// and e's callers back as well, so f waits for two more.
 	submit("f")
-	got := next()
-	slices.Sort(got)
-	if !slices.Equal(got, []string{"d", "e", "f"}) {
-		t.Fatalf("batch after one of several %v, want [d e f] together", got)
-	}
+	queued(1)
+	gate <- struct{}{}
+	queued(0)
+	submit("g")
+	submit("h")
+	next("f", "g", "h")
+	// Never more than the size set: while f, g and h are written, i
+	// queues; three callers back and one waiting make four, but i waits
+	// for two more, not three.
+	submit("i")
+	queued(1)
+	gate <- struct{}{}
+	queued(0)
+	submit("j")
+	submit("k")
+	next("i", "j", "k")
 	gate <- struct{}{}
 }

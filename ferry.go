@@ -112,10 +112,15 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 	}
 	if w, ok := st.(warmer); ok {
 		wctx, cancel := context.WithTimeout(ctx, warmFor)
-		if err := w.Warm(wctx); err != nil && ctx.Err() == nil {
+		err := w.Warm(wctx)
+		cancel()
+		if ctx.Err() != nil {
+			st.Close()
+			return nil, ctx.Err()
+		}
+		if err != nil {
 			cfg.Logger.Warn("warming database connections failed", "err", err)
 		}
-		cancel()
 	}
 	limits := spec.DefaultLimits
 	if cfg.MaxDefinitionBytes > 0 {

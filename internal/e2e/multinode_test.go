@@ -21,7 +21,7 @@ func TestTwoNodesShareOnePostgres(t *testing.T) {
 	// At most 16 connections a node, not 32: the two nodes under load
 	// held 66, and with the other packages' tests running beside them the
 	// suite came within four of the local server's max_connections (100).
-	db := pgtest.DSN(t) + "&ferry_max_conns=16"
+	db := pgtest.WithParam(t, pgtest.DSN(t), "ferry_max_conns", "16")
 	up := newUpstream(t)
 	var mu sync.Mutex
 	calls := map[string]int{} // run:step:attempt -> count

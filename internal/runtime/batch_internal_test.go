@@ -86,6 +86,10 @@ func TestBatchUnderLoadWaitsForMore(t *testing.T) {
 		return nil
 	})
 	b.coalesce(time.Hour, 3)
+	// Each expectation as the loop counts it: a request submitted before
+	// the count would be counted as waiting.
+	counted := make(chan int, 8)
+	b.expected = func(n int) { counted <- n }
 	defer func() { close(gate); close(stop); wg.Wait() }()
 	submit := func(id string) chan struct{} {
 		q := &triggerReq{ctx: t.Context(), run: &store.Run{ID: id}, done: make(chan struct{})}
@@ -108,6 +112,20 @@ func TestBatchUnderLoadWaitsForMore(t *testing.T) {
 		t.Helper()
 		testwait.Until(t, 10*time.Second, fmt.Sprintf("%d requests queued", n), func() bool { return len(b.lanes[0]) == n })
 	}
+	// release lets the batch being written commit and waits until the
+	// loop has counted what its next batch can expect.
+	release := func(want int) {
+		t.Helper()
+		gate <- struct{}{}
+		select {
+		case n := <-counted:
+			if n != want {
+				t.Fatalf("the loop expects %d requests, want %d", n, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the loop did not count its next batch within 10s")
+		}
+	}
 	// A lone request goes at once, though the window is an hour.
 	submit("a")
 	next("a")
@@ -116,11 +134,11 @@ func TestBatchUnderLoadWaitsForMore(t *testing.T) {
 	submit("b")
 	submit("c")
 	queued(2)
-	gate <- struct{}{}
+	release(3) // a's caller, and b and c
 	next("b", "c")
-	gate <- struct{}{}
 	// Under load now: two came last time and none was left waiting, so d
 	// waits for one more, and only one.
+	release(2)
 	submit("d")
 	queued(0)
 	submit("e")
@@ -129,7 +147,7 @@ func TestBatchUnderLoadWaitsForMore(t *testing.T) {
 	// and e's callers back as well, so f waits for two more.
 	submit("f")
 	queued(1)
-	gate <- struct{}{}
+	release(3)
 	queued(0)
 	submit("g")
 	submit("h")
@@ -139,7 +157,7 @@ func TestBatchUnderLoadWaitsForMore(t *testing.T) {
 	// for two more, not three.
 	submit("i")
 	queued(1)
-	gate <- struct{}{}
+	release(4)
 	queued(0)
 	submit("j")
 	submit("k")

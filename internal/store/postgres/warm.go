@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -14,16 +15,19 @@ import (
 // needs them.
 const warmWriters = 8
 
-// warmQuery plans a read of every table the hot paths write. Planning opens
-// each table and all its indexes, which is most of what a new backend does
-// at its first statement on them; the reads find nothing.
+// warmQuery plans a read of every table the hot paths read or write.
+// Planning opens each table and all its indexes, which is most of what a
+// new backend does at its first statement on them; the reads find nothing.
 const warmQuery = `SELECT count(*) FROM (
 	SELECT 1 FROM runs WHERE id = '' UNION ALL
 	SELECT 1 FROM step_runs WHERE run_id = '' UNION ALL
 	SELECT 1 FROM tasks WHERE id = '' UNION ALL
 	SELECT 1 FROM queue WHERE id = 0 UNION ALL
 	SELECT 1 FROM events WHERE run_id = '' UNION ALL
-	SELECT 1 FROM workflow_versions WHERE workflow_id = '') w`
+	SELECT 1 FROM workflows WHERE id = '' UNION ALL
+	SELECT 1 FROM workflow_versions WHERE workflow_id = '' UNION ALL
+	SELECT 1 FROM task_types WHERE type = '' UNION ALL
+	SELECT 1 FROM api_keys WHERE hash = '') w`
 
 // Warm opens the connections a light load uses and loads each one's
 // caches of the hot tables, so that the first requests after a server
@@ -65,8 +69,18 @@ func warm(ctx context.Context, db *sql.DB, n int) error {
 			_ = c.Close() // back to the pool
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("postgres: warming connections: %w", err)
+	// Connections fail alike (a timeout, a missing table): the first
+	// error and how many failed say it, where all of them would repeat it.
+	failed := 0
+	var first error
+	for _, err := range errs {
+		if err != nil {
+			failed++
+			first = cmp.Or(first, err)
+		}
+	}
+	if first != nil {
+		return fmt.Errorf("postgres: warming connections: %d of %d failed: %w", failed, n, first)
 	}
 	return nil
 }

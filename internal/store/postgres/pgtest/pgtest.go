@@ -105,16 +105,36 @@ func dropSchema(t testing.TB, base, ident string) {
 // its own sessions in pg_stat_activity from those of tests running beside
 // it in the same database.
 func withSearchPath(dsn, schema string) (string, error) {
+	return withParams(dsn, "search_path", schema, "application_name", schema)
+}
+
+// WithParam returns dsn (a URL or keyword/value DSN, as DSN returns) with
+// the parameter k set to v, e.g. ferry_max_conns.
+func WithParam(t testing.TB, dsn, k, v string) string {
+	t.Helper()
+	out, err := withParams(dsn, k, v)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	return out
+}
+
+// withParams sets each key of kv (key, value, key, value…) in dsn.
+func withParams(dsn string, kv ...string) (string, error) {
 	if !strings.Contains(dsn, "://") {
-		return dsn + " search_path=" + schema + " application_name=" + schema, nil
+		for i := 0; i < len(kv); i += 2 {
+			dsn += " " + kv[i] + "=" + kv[i+1]
+		}
+		return dsn, nil
 	}
 	u, err := url.Parse(dsn)
 	if err != nil {
 		return "", fmt.Errorf("parse %s: %w", EnvDSN, err)
 	}
 	q := u.Query()
-	q.Set("search_path", schema)
-	q.Set("application_name", schema)
+	for i := 0; i < len(kv); i += 2 {
+		q.Set(kv[i], kv[i+1])
+	}
 	u.RawQuery = q.Encode()
 	return u.String(), nil
 }

@@ -68,7 +68,7 @@ func TestReportsOfOneRunShareALane(t *testing.T) {
 // next batch to hold the requests it can expect (here: the window is an
 // hour, so only the count can end the wait) instead of writing its first
 // request alone: the last batch's (their callers come back) and those
-// already waiting when it was written, at most the size set.
+// already waiting when it was answered, at most the size set.
 func TestBatchUnderLoadWaitsForMore(t *testing.T) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup

@@ -64,11 +64,11 @@ func TestReportsOfOneRunShareALane(t *testing.T) {
 }
 
 // TestBatchUnderLoadWaitsForMore: with a flush window, a lone request is
-// written at once, and a loop whose last batch held several waits for its
-// next batch to hold the requests it can expect (here: the window is an
-// hour, so only the count can end the wait) instead of writing its first
-// request alone: the last batch's (their callers come back) and those
-// already waiting when it was answered, at most the size set.
+// written at once, and a loop that can expect several waits for its next
+// batch to hold them (here: the window is an hour, so only the count can
+// end the wait) instead of writing its first request alone: the last
+// batch's (their callers come back) and those already waiting when it
+// was answered, at most the size set.
 func TestBatchUnderLoadWaitsForMore(t *testing.T) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -126,41 +126,37 @@ func TestBatchUnderLoadWaitsForMore(t *testing.T) {
 			t.Fatal("the loop did not count its next batch within 10s")
 		}
 	}
-	// A lone request goes at once, though the window is an hour.
+	// A lone request goes at once, though the window is an hour, and so
+	// does the next when nothing else came meanwhile.
 	submit("a")
 	next("a")
-	// While a is being written, b and c queue: the next batch holds both,
-	// at once (its last batch held one).
+	release(1)
 	submit("b")
+	next("b")
+	// While b is written, c queues: b's caller will be back, so c waits
+	// for it rather than going alone (two handlers would otherwise write
+	// one report each, in turn).
 	submit("c")
-	queued(2)
-	release(3) // a's caller, and b and c
-	next("b", "c")
-	// Under load now: two came last time and none was left waiting, so d
-	// waits for one more, and only one.
-	release(2)
-	submit("d")
-	queued(0)
-	submit("e")
-	next("d", "e")
-	// While d and e are written, f queues: the next batch can expect d's
-	// and e's callers back as well, so f waits for two more.
-	submit("f")
 	queued(1)
-	release(3)
+	release(2)
 	queued(0)
+	submit("d")
+	next("c", "d")
+	// Two came and none is waiting: e waits for one more, and only one.
+	release(2)
+	submit("e")
+	queued(0)
+	submit("f")
+	next("e", "f")
+	// Never more than the size set: while e and f are written, g and h
+	// queue; two callers back and two waiting make four, but g and h wait
+	// for one more, not two.
 	submit("g")
 	submit("h")
-	next("f", "g", "h")
-	// Never more than the size set: while f, g and h are written, i
-	// queues; three callers back and one waiting make four, but i waits
-	// for two more, not three.
-	submit("i")
-	queued(1)
+	queued(2)
 	release(4)
 	queued(0)
-	submit("j")
-	submit("k")
-	next("i", "j", "k")
+	submit("i")
+	next("g", "h", "i")
 	gate <- struct{}{}
 }

@@ -178,11 +178,11 @@ func (b *batcher[R]) loop(reqs chan R) {
 		}
 		n := len(batch)
 		carry = b.apply(batch)
-		// The callers it answered and the requests waiting now (those
-		// carried over are among them, not among the answered). A caller
-		// that is back already is counted twice: the batch then waits
-		// out the window, never longer than before.
-		expect = (n - len(carry)) + (len(reqs) + len(carry))
+		// The callers it answered and the requests waiting now; those
+		// carried over count once either way, so this is the batch plus
+		// the queue. A caller that is back already is counted twice: the
+		// batch then waits out the window, never longer than before.
+		expect = n + len(reqs)
 		if b.expected != nil {
 			b.expected(expect)
 		}

@@ -214,11 +214,11 @@ func (r *Runtime) ClaimTasks(ctx context.Context, req ClaimRequest) ([]*store.Ta
 	for {
 		sig := r.taskSignal()
 		now := r.clk.Now()
-		got, err := r.st.ClaimTasks(ctx, store.ClaimTasks{Patterns: req.Types, WorkerID: req.WorkerID, Lease: req.Lease, Max: req.Max, Now: now})
+		c, err := r.st.ClaimOrNext(ctx, store.ClaimTasks{Patterns: req.Types, WorkerID: req.WorkerID, Lease: req.Lease, Max: req.Max, Now: now})
 		if err != nil {
 			return nil, err
 		}
-		got = r.dropExhausted(ctx, got)
+		got := r.dropExhausted(ctx, c.Tasks)
 		if len(got) > 0 || !now.Before(deadline) {
 			r.handedOut(got)
 			return got, nil
@@ -227,7 +227,15 @@ func (r *Runtime) ClaimTasks(ctx context.Context, req ClaimRequest) ([]*store.Ta
 		// the fewer triggers find no claim waiting.
 		w := r.waiting.wait(req)
 		sleep := deadline.Sub(now)
-		if next, ok, err := r.st.NextTaskDue(ctx, req.Types, now); err == nil && ok {
+		next, ok := c.Next, c.NextOK
+		if !c.NextRead {
+			// A claim that raced for tasks and got none, or got only
+			// exhausted ones, did not read when the next one is due.
+			if next, ok, err = r.st.NextTaskDue(ctx, req.Types, now); err != nil {
+				ok = false
+			}
+		}
+		if ok {
 			if d := next.Sub(now); d < sleep {
 				sleep = max(d, time.Millisecond)
 			}

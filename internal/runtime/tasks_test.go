@@ -696,6 +696,42 @@ func TestClaimLongPollWakesAtRunAt(t *testing.T) {
 	})
 }
 
+// TestClaimLongPollWakesAtRunAtAfterAFullClaim: after a claim that got
+// all it asked for, the store claims without first reading whether
+// anything is claimable, so a claim that then finds nothing has not read
+// when the next task comes due: the wait still ends at that task's run_at.
+func TestClaimLongPollWakesAtRunAtAfterAFullClaim(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e *env) {
+		e.create(t, runtime.NewTask{Type: "billing.invoice.v1"})
+		full, err := e.rt.ClaimTasks(t.Context(), runtime.ClaimRequest{Types: []string{"billing.%"}, WorkerID: "w", Lease: 30 * time.Second, Max: 1})
+		if err != nil || len(full) != 1 {
+			t.Fatalf("first claim = %d tasks, %v; want the one task", len(full), err)
+		}
+		runAt := t0.Add(2 * time.Second)
+		k := e.create(t, runtime.NewTask{Type: "billing.invoice.v1", RunAt: &runAt})
+		done := make(chan []*store.Task, 1)
+		go func() {
+			ts, err := e.rt.ClaimTasks(t.Context(), runtime.ClaimRequest{Types: []string{"billing.%"}, WorkerID: "w", Wait: 5 * time.Second})
+			if err != nil {
+				t.Error(err)
+			}
+			done <- ts
+		}()
+		if d := e.clk.waitTimer(t); d != 2*time.Second {
+			t.Errorf("claim waits %v, want 2s (until the task's run_at)", d)
+		}
+		e.clk.Advance(2 * time.Second)
+		select {
+		case ts := <-done:
+			if len(ts) != 1 || ts[0].ID != k.ID {
+				t.Fatalf("claim at run_at = %+v; want task %s", ts, k.ID)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("claim did not return within 10s of the task's run_at")
+		}
+	})
+}
+
 func TestClaimLongPollContextCancelled(t *testing.T) {
 	forEachStore(t, func(t *testing.T, e *env) {
 		ctx, cancel := context.WithCancel(t.Context())

@@ -213,6 +213,18 @@ type ClaimTasks struct {
 	Now      time.Time
 }
 
+// Claim is what ClaimOrNext found: the tasks it leased and, when it read
+// it, when a matching task next becomes claimable.
+type Claim struct {
+	Tasks []*Task
+	// NextRead says Next and NextOK were read with the claim, which then
+	// found nothing claimable: they are what NextTaskDue returns at the
+	// claim's Now (NextOK false: no task becomes claimable later).
+	NextRead bool
+	Next     time.Time
+	NextOK   bool
+}
+
 // Store is the persistence seam. Every method is safe for concurrent use.
 type Store interface {
 	// Dialect is "sqlite" or "postgres".
@@ -300,6 +312,12 @@ type Store interface {
 	// types; attempt is incremented and "claimed" (and "lease_expired")
 	// events are appended.
 	ClaimTasks(ctx context.Context, req ClaimTasks) ([]*Task, error)
+	// ClaimOrNext is ClaimTasks that, when it finds nothing claimable,
+	// may read in the same statement when a matching task next becomes
+	// claimable (Claim.NextRead): a worker going back to wait then costs
+	// the database one statement, not one for the claim and one for
+	// NextTaskDue.
+	ClaimOrNext(ctx context.Context, req ClaimTasks) (Claim, error)
 	// NextTaskDue is the earliest time a task matching patterns becomes
 	// claimable (a run_at or a lease end in the future).
 	NextTaskDue(ctx context.Context, patterns []string, now time.Time) (time.Time, bool, error)

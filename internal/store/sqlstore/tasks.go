@@ -214,8 +214,16 @@ const notDisabled = `type NOT IN (SELECT type FROM task_types WHERE enabled = FA
 // both made the databases read every pending and leased task and sort them
 // on each claim, a cost that grew with the backlog.
 func (s *Store) ClaimTasks(ctx context.Context, req store.ClaimTasks) ([]*store.Task, error) {
+	c, err := s.ClaimOrNext(ctx, req)
+	return c.Tasks, err
+}
+
+// ClaimOrNext is ClaimTasks, and when the read before the claim finds
+// nothing claimable, that read also says when a task next becomes
+// claimable (see store.Store.ClaimOrNext).
+func (s *Store) ClaimOrNext(ctx context.Context, req store.ClaimTasks) (store.Claim, error) {
 	if req.Max <= 0 {
-		return nil, nil
+		return store.Claim{}, nil
 	}
 	filter, fargs := s.typeFilter(req.Patterns)
 	tok := token()
@@ -230,8 +238,9 @@ func (s *Store) ClaimTasks(ctx context.Context, req store.ClaimTasks) ([]*store.
 	// read would only delay the claim (a single claim with a task ready
 	// took 0.66–0.70 → 0.95–1.17 ms on SQLite), so it is skipped.
 	if !s.claimFilled.Load() {
-		if ok, err := s.anyClaimable(ctx, filter, fargs, now); err != nil || !ok {
-			return nil, err
+		ok, next, err := s.claimableOrNext(ctx, filter, fargs, now)
+		if err != nil || !ok {
+			return next, err
 		}
 	}
 	var out []*store.Task
@@ -242,10 +251,10 @@ func (s *Store) ClaimTasks(ctx context.Context, req store.ClaimTasks) ([]*store.
 		out, err = s.claimInTx(ctx, req, filter, fargs, tok, until)
 	}
 	if err != nil {
-		return nil, err
+		return store.Claim{}, err
 	}
 	s.claimFilled.Store(len(out) == req.Max)
-	return out, nil
+	return store.Claim{Tasks: out}, nil
 }
 
 // claimReads are a claim's two index walks (see ClaimTasks), each
@@ -368,17 +377,53 @@ func claimOrder(a, b *store.Task) bool {
 	return a.ID < b.ID
 }
 
-// anyClaimable says whether a claim of these types would find a task:
-// both of its walks, stopping at the first.
-func (s *Store) anyClaimable(ctx context.Context, filter string, fargs []any, now int64) (bool, error) {
-	args := append(append(append([]any{now}, fargs...), now), fargs...)
+// claimableOrNext says whether a claim of these types would find a task
+// (both of its walks, stopping at the first) and, when it would not, when
+// one next becomes claimable (the walks of nextDue, which a CASE runs only
+// then), in one statement.
+func (s *Store) claimableOrNext(ctx context.Context, filter string, fargs []any, now int64) (bool, store.Claim, error) {
+	nextSQL, nextArgs := nextDue(filter, fargs, now)
+	args := append(nextArgs, now)
+	args = append(append(append(args, fargs...), now), fargs...)
 	var ok bool
-	err := s.r.QueryRowContext(ctx, s.q(`SELECT EXISTS (SELECT 1 FROM tasks WHERE status = 'pending' AND run_at <= ? AND `+filter+` AND `+notDisabled+`)
-		OR EXISTS (SELECT 1 FROM tasks WHERE status = 'leased' AND lease_until <= ? AND `+filter+` AND `+notDisabled+`)`), args...).Scan(&ok)
+	var pending, leased sql.NullInt64
+	err := s.r.QueryRowContext(ctx, s.q(`SELECT x.ok, CASE WHEN x.ok THEN NULL ELSE (`+nextSQL[0]+`) END, CASE WHEN x.ok THEN NULL ELSE (`+nextSQL[1]+`) END
+		FROM (SELECT EXISTS (SELECT 1 FROM tasks WHERE status = 'pending' AND run_at <= ? AND `+filter+` AND `+notDisabled+`)
+		OR EXISTS (SELECT 1 FROM tasks WHERE status = 'leased' AND lease_until <= ? AND `+filter+` AND `+notDisabled+`) AS ok) AS x`), args...).Scan(&ok, &pending, &leased)
 	if err != nil {
-		return false, fmt.Errorf("claim tasks: %w", err)
+		return false, store.Claim{}, fmt.Errorf("claim tasks: %w", err)
 	}
-	return ok, nil
+	if ok {
+		return true, store.Claim{}, nil
+	}
+	c := store.Claim{NextRead: true}
+	c.Next, c.NextOK = earliest(pending, leased)
+	return false, c, nil
+}
+
+// nextDue is NextTaskDue's two walks, each a statement returning one
+// value, and their arguments in the order the texts hold them: the
+// earliest future run_at of a pending task and lease end of a leased one,
+// each read through its own partial index. Only moments after now: a
+// task that is already claimable is not "next" (a claim would have
+// taken it).
+func nextDue(filter string, fargs []any, now int64) ([2]string, []any) {
+	args := append(append([]any{now}, fargs...), now)
+	return [2]string{
+		`SELECT MIN(run_at) FROM tasks WHERE status = 'pending' AND run_at > ? AND ` + filter + ` AND ` + notDisabled,
+		`SELECT MIN(lease_until) FROM tasks WHERE status = 'leased' AND lease_until > ? AND ` + filter + ` AND ` + notDisabled,
+	}, append(args, fargs...)
+}
+
+// earliest is the earlier of two optional moments.
+func earliest(a, b sql.NullInt64) (time.Time, bool) {
+	switch {
+	case a.Valid && (!b.Valid || a.Int64 <= b.Int64):
+		return fromTS(a.Int64), true
+	case b.Valid:
+		return fromTS(b.Int64), true
+	}
+	return time.Time{}, false
 }
 
 // scanTail scans a task followed by extra columns.
@@ -389,31 +434,17 @@ type scanTail struct {
 
 func (s scanTail) Scan(dest ...any) error { return s.rows.Scan(append(dest, s.extra...)...) }
 
-// NextTaskDue finds the next moment a matching task becomes claimable: the
-// earliest future run_at of a pending task or lease end of a leased one,
-// each read through its own partial index.
+// NextTaskDue finds the next moment a matching task becomes claimable
+// (see nextDue), in one statement.
 func (s *Store) NextTaskDue(ctx context.Context, patterns []string, now time.Time) (time.Time, bool, error) {
 	filter, fargs := s.typeFilter(patterns)
-	// Only moments after now: a task that is already claimable is not
-	// "next" (a claim would have taken it).
-	var next sql.NullInt64
-	for _, q := range []string{
-		`SELECT MIN(run_at) FROM tasks WHERE status = 'pending' AND run_at > ? AND `,
-		`SELECT MIN(lease_until) FROM tasks WHERE status = 'leased' AND lease_until > ? AND `,
-	} {
-		args := append([]any{ts(now)}, fargs...)
-		var v sql.NullInt64
-		if err := s.r.QueryRowContext(ctx, s.q(q+filter+` AND `+notDisabled), args...).Scan(&v); err != nil {
-			return time.Time{}, false, err
-		}
-		if v.Valid && (!next.Valid || v.Int64 < next.Int64) {
-			next = v
-		}
+	q, args := nextDue(filter, fargs, ts(now))
+	var pending, leased sql.NullInt64
+	if err := s.r.QueryRowContext(ctx, s.q(`SELECT (`+q[0]+`), (`+q[1]+`)`), args...).Scan(&pending, &leased); err != nil {
+		return time.Time{}, false, err
 	}
-	if !next.Valid {
-		return time.Time{}, false, nil
-	}
-	return fromTS(next.Int64), true, nil
+	next, ok := earliest(pending, leased)
+	return next, ok, nil
 }
 
 // InTask locks the task's run (if any) and then the task.

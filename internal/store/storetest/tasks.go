@@ -30,6 +30,7 @@ var taskTests = []test{
 	{"FinishedNeverClaimed", testTaskFinishedNeverClaimed},
 	{"ConcurrentClaimsExactlyOnce", testTaskClaimConcurrent},
 	{"NextTaskDue", testNextTaskDue},
+	{"ClaimOrNextReadsNextDue", testClaimOrNext},
 	{"InTaskStandalone", testInTaskStandalone},
 	{"InTaskOfRun", testInTaskOfRun},
 	{"InTaskErrorRollsBack", testInTaskRollback},
@@ -663,6 +664,58 @@ func testNextTaskDue(t *testing.T, s store.Store) {
 	// Later, the lease end has passed too: the next is the 50s run_at.
 	check("after the lease end", []string{"billing.%"}, at(45*time.Second), at(50*time.Second), true)
 	check("after everything", []string{"billing.%"}, at(time.Hour), time.Time{}, false)
+}
+
+// testClaimOrNext: a claim that finds nothing claimable may say when a
+// task next becomes claimable, which must be what NextTaskDue says; one
+// that finds a task claims it as ClaimTasks does.
+func testClaimOrNext(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	// nothing claims with patterns at now, retrying once: right after a
+	// claim that got all it asked for, the store may claim without the
+	// read (NextRead false), and the next claim reads.
+	nothing := func(what string, patterns []string, now time.Time, want time.Time, wantOK bool) {
+		t.Helper()
+		for try := 0; try < 2; try++ {
+			c, err := s.ClaimOrNext(ctx, store.ClaimTasks{Patterns: patterns, WorkerID: "w", Lease: 40 * time.Second, Max: 1, Now: now})
+			must(t, err, "ClaimOrNext "+what)
+			if len(c.Tasks) != 0 {
+				t.Fatalf("ClaimOrNext %s claimed %s, want nothing", what, c.Tasks[0].ID)
+			}
+			if !c.NextRead {
+				continue
+			}
+			if c.NextOK != wantOK || (wantOK && !c.Next.Equal(want)) {
+				t.Errorf("ClaimOrNext %s: next %v, ok=%v; want %v, ok=%v", what, c.Next, c.NextOK, want, wantOK)
+			}
+			next, ok, err := s.NextTaskDue(ctx, patterns, now)
+			must(t, err, "NextTaskDue "+what)
+			if ok != c.NextOK || !next.Equal(c.Next) {
+				t.Errorf("ClaimOrNext %s read %v, ok=%v; NextTaskDue says %v, ok=%v", what, c.Next, c.NextOK, next, ok)
+			}
+			return
+		}
+		t.Errorf("ClaimOrNext %s twice in a row did not read the next due time", what)
+	}
+	nothing("with no tasks", []string{"%"}, t0, time.Time{}, false)
+	mkTask(t, s, newTask("billing.a.v1", at(50*time.Second)), t0)
+	nothing("one future task", []string{"billing.%"}, t0, at(50*time.Second), true)
+	nothing("non-matching pattern", []string{"payments.%"}, t0, time.Time{}, false)
+	_, err := s.PutTaskType(ctx, &store.TaskType{Type: "billing.d.v1", Enabled: false})
+	must(t, err, "PutTaskType")
+	mkTask(t, s, newTask("billing.d.v1", at(-time.Second)), t0)
+	nothing("a due task of a disabled type", []string{"billing.%"}, t0, at(50*time.Second), true)
+
+	// A due task is claimed.
+	due := mkTask(t, s, newTask("billing.c.v1", at(-time.Hour)), t0)
+	c, err := s.ClaimOrNext(ctx, store.ClaimTasks{Patterns: []string{"billing.%"}, WorkerID: "w", Lease: 40 * time.Second, Max: 1, Now: t0})
+	must(t, err, "ClaimOrNext a due task")
+	if len(c.Tasks) != 1 || c.Tasks[0].ID != due.ID || c.Tasks[0].Status != status.TaskLeased || c.NextRead {
+		t.Fatalf("ClaimOrNext with a due task = %+v; want task %s leased, next not read", c, due.ID)
+	}
+	// Its lease end is now the next moment, before the future task.
+	nothing("a leased task", []string{"billing.%"}, t0, at(40*time.Second), true)
+	nothing("after the lease end", []string{"billing.a.%"}, at(45*time.Second), at(50*time.Second), true)
 }
 
 func testInTaskStandalone(t *testing.T, s store.Store) {

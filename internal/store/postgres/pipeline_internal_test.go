@@ -3,8 +3,10 @@ package postgres
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -154,5 +156,71 @@ func TestPipelinesPlanKeyedStatementsOnce(t *testing.T) {
 	}
 	if mode != "auto" || seqscan != "on" {
 		t.Fatalf("after the transactions the writer connection has plan_cache_mode %s, enable_seqscan %s; want auto, on", mode, seqscan)
+	}
+}
+
+// TestCreateRunsInOneRoundTrip: new runs whose workflows are as they were
+// made from are written in one pipeline, the guarded write taking the
+// workflows' shared locks itself. A batch with a run whose workflow was
+// disabled since fails that write's guard, which leaves nothing written;
+// the locking way then refuses that run (ErrWorkflowChanged) and writes
+// the others.
+func TestCreateRunsInOneRoundTrip(t *testing.T) {
+	s, wf := withWorkflow(t, pgtest.DSN(t), "once")
+	ctx := t.Context()
+	off, err := s.CreateWorkflow(ctx, &store.Workflow{Name: "off", Fingerprint: "f", Definition: json.RawMessage(`{}`), Enabled: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	newRun := func(w *store.Workflow) *store.NewRun {
+		return &store.NewRun{Workflow: w,
+			Run:   store.Run{WorkflowID: w.ID, Version: w.Version, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: now.Add(time.Hour), StartedAt: now},
+			Steps: []*store.StepRun{{Name: "a", Type: "task", Status: status.StepRunning, StartedAt: &now}},
+			Tasks: []*store.Task{{Type: "once.x.v1", Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: now, Step: "a"}}}
+	}
+	written := func(res []store.CreateResult) (n int) {
+		for _, r := range res {
+			if r.Created {
+				if _, _, err := s.GetRun(ctx, r.Run.ID); err != nil {
+					t.Errorf("run %s reported created: %v", r.Run.ID, err)
+				}
+				n++
+			}
+		}
+		return n
+	}
+
+	sctx, recorded := spied(ctx)
+	res, err := s.CreateRuns(sctx, []*store.NewRun{newRun(wf), newRun(off)}, now)
+	if err != nil || written(res) != 2 {
+		t.Fatalf("CreateRuns = %+v, %v; want both runs created", res, err)
+	}
+	pipes := recorded()
+	if len(pipes) != 1 {
+		t.Fatalf("creation sent %d pipelines, want one: %q", len(pipes), pipes)
+	}
+	p := pipes[0]
+	if len(p) != 4 || p[0] != "BEGIN" || p[1] != genericPlans || !strings.Contains(p[2], "FROM workflows") || !strings.Contains(p[2], "FOR SHARE") || p[3] != "COMMIT" {
+		t.Fatalf("creation pipeline = %q; want BEGIN, %q, the write locking the workflows, COMMIT", p, genericPlans)
+	}
+
+	if _, err := s.DB().ExecContext(ctx, `UPDATE workflows SET enabled = FALSE WHERE id = $1`, off.ID); err != nil {
+		t.Fatal(err)
+	}
+	sctx, recorded = spied(ctx)
+	res, err = s.CreateRuns(sctx, []*store.NewRun{newRun(wf), newRun(off)}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if written(res) != 1 || !res[0].Created || !errors.Is(res[1].Err, store.ErrWorkflowChanged) {
+		t.Fatalf("CreateRuns with a disabled workflow = %+v; want the first created, the second ErrWorkflowChanged", res)
+	}
+	if pipes := recorded(); len(pipes) != 3 {
+		t.Fatalf("creation with a disabled workflow sent %d pipelines, want the guarded one, then the locking way's two: %q", len(pipes), pipes)
+	}
+	var n int
+	if err := s.ReadDB().QueryRowContext(ctx, `SELECT COUNT(*) FROM runs WHERE workflow_id = $1`, off.ID).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("runs of the disabled workflow = %d, %v; want only the one created before", n, err)
 	}
 }

@@ -85,10 +85,7 @@ func (s *Store) optimistic(ctx context.Context, runIDs, taskIDs []string, now ti
 			s.abort(ctx, conn)
 		}
 	}()
-	begin := []PipeQuery{{SQL: "BEGIN"}}
-	if s.d.Generic != "" {
-		begin = append(begin, PipeQuery{SQL: s.d.Generic})
-	}
+	begin := s.beginGeneric()
 	if len(missRuns)+len(missTasks) > 0 {
 		// What is not cached is read, unlocked, in the transaction that
 		// writes (one more round trip); the write checks it too.
@@ -192,6 +189,16 @@ func (s *Store) readUnlocked(ctx context.Context, conn *sql.Conn, begin []PipeQu
 		runs[id], versions[id] = rt, rt.version
 	}
 	return nil
+}
+
+// beginGeneric begins a transaction that plans its statements once, by
+// key (see pipeline.go): BEGIN, then the dialect's plan settings.
+func (s *Store) beginGeneric() []PipeQuery {
+	begin := []PipeQuery{{SQL: "BEGIN"}}
+	if s.d.Generic != "" {
+		begin = append(begin, PipeQuery{SQL: s.d.Generic})
+	}
+	return begin
 }
 
 // guardable says whether cs, decided on the cached runs and tasks, may be

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -170,14 +171,19 @@ func (s *Store) createRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 	}
 	if len(todo) > 0 {
 		if q, args, ok := s.workflowsCheck(nrs, todo); ok && s.d.Pipeline != nil {
-			// Postgres: two round trips (see pipeline.go).
-			cs, err = s.pipelined(ctx, nil, now, []PipeQuery{{SQL: q, Args: args, Rows: func(r PipeRows) error {
-				states, err := scanWorkflowStates(r)
-				stale = staleOf(nrs, todo, states)
-				return err
-			}}}, func(cs *changeset, _ map[string]*runTx) ([]PipeQuery, error) {
-				return nil, add(cs)
-			})
+			// Postgres: one round trip, or two (see pipeline.go) when a
+			// workflow is not as the runs were made from.
+			var done bool
+			cs, done, err = s.createGuarded(ctx, nrs, todo, add)
+			if err == nil && !done {
+				cs, err = s.pipelined(ctx, nil, now, []PipeQuery{{SQL: q, Args: args, Rows: func(r PipeRows) error {
+					states, err := scanWorkflowStates(r)
+					stale = staleOf(nrs, todo, states)
+					return err
+				}}}, func(cs *changeset, _ map[string]*runTx) ([]PipeQuery, error) {
+					return nil, add(cs)
+				})
+			}
 		} else {
 			err = s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
 				cs = &changeset{}
@@ -306,6 +312,76 @@ func (s *Store) staleWorkflows(ctx context.Context, tx querier, nrs []*store.New
 		return nil, err
 	}
 	return staleOf(nrs, todo, states), nil
+}
+
+// createGuarded writes the new runs todo of nrs (Postgres) in one round
+// trip: BEGIN, the write and COMMIT. The locking way first reads their
+// workflows with shared locks, in a round trip of its own, to tell the
+// runs whose workflow changed since they were made from it; here the
+// write takes those locks itself, guarded (see withStmt) to find every
+// workflow enabled, not deleted, so named and at the version its runs
+// carry. done false: a workflow was not (or two of the runs name one
+// workflow differently), nothing was written, and the caller writes the
+// runs the locking way, which tells them apart.
+func (s *Store) createGuarded(ctx context.Context, nrs []*store.NewRun, todo []int, add func(*changeset) error) (_ *changeset, done bool, err error) {
+	want := map[string]wfState{}
+	for _, i := range todo {
+		w := nrs[i].Workflow
+		if w == nil {
+			continue
+		}
+		st := wfState{name: w.Name, version: nrs[i].Run.Version, live: true}
+		if was, ok := want[w.ID]; ok && was != st {
+			return nil, false, nil
+		}
+		want[w.ID] = st
+	}
+	cs := &changeset{}
+	if err := add(cs); err != nil {
+		return nil, false, err
+	}
+	parts, events := s.flushParts(cs)
+	all := append(append(parts[:len(parts):len(parts)], events()...), s.workflowsGuard(want))
+	if len(cs.cancel) > 0 || params(all) > maxStmtParams {
+		return nil, false, nil
+	}
+	conn, err := s.w.Conn(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	defer conn.Close()
+	open := true // until COMMIT has answered
+	defer func() {
+		if open {
+			s.abort(ctx, conn)
+		}
+	}()
+	stale, err := s.writeGuarded(ctx, conn, s.beginGeneric(), cs, all)
+	if err != nil || stale {
+		return nil, false, err
+	}
+	open = false
+	if err := s.stage(ctx, conn, nil, cs); err != nil {
+		cs.cacheIDs, cs.cacheRuns = nil, nil
+	}
+	return cs, true, nil
+}
+
+// workflowsGuard is the guarded clause of createGuarded: it locks, as
+// workflowsCheck does, the workflows of want that are still as want has
+// them, one row each.
+func (s *Store) workflowsGuard(want map[string]wfState) part {
+	ids := slices.Sorted(maps.Keys(want))
+	names, versions := make([]any, len(ids)), make([]any, len(ids))
+	idArgs := make([]any, len(ids))
+	for i, id := range ids {
+		idArgs[i], names[i], versions[i] = id, want[id].name, int64(want[id].version)
+	}
+	return part{key: stmtKey{"lock (guarded)", "workflows", 0}, args: []any{idArgs, names, versions}, what: "check the runs' workflows", guard: len(ids),
+		text: func() string {
+			return `SELECT 1 FROM workflows w JOIN unnest(CAST(? AS ` + s.cast(cText) + `[]), CAST(? AS ` + s.cast(cText) + `[]), CAST(? AS ` + s.cast(cInt) + `[])) AS v(id, name, version)
+				ON w.id = v.id AND w.name = v.name AND w.version = v.version WHERE w.enabled AND w.deleted_at IS NULL ORDER BY w.id FOR SHARE OF w`
+		}}
 }
 
 // wfState is a workflow row as the writing transaction sees it.

@@ -160,9 +160,9 @@ func TestPipelinesPlanKeyedStatementsOnce(t *testing.T) {
 }
 
 // TestCreateRunsInOneRoundTrip: new runs whose workflows are as they were
-// made from are written in one pipeline, the guarded write taking the
-// workflows' shared locks itself. A batch with a run whose workflow was
-// disabled since fails that write's guard, which leaves nothing written;
+// made from are written in one pipeline, a check ahead of the write taking
+// the workflows' shared locks. A batch with a run whose workflow was
+// disabled since fails that check, which leaves nothing written;
 // the locking way then refuses that run (ErrWorkflowChanged) and writes
 // the others.
 func TestCreateRunsInOneRoundTrip(t *testing.T) {
@@ -201,8 +201,9 @@ func TestCreateRunsInOneRoundTrip(t *testing.T) {
 		t.Fatalf("creation sent %d pipelines, want one: %q", len(pipes), pipes)
 	}
 	p := pipes[0]
-	if len(p) != 4 || p[0] != "BEGIN" || p[1] != genericPlans || !strings.Contains(p[2], "FROM workflows") || !strings.Contains(p[2], "FOR SHARE") || p[3] != "COMMIT" {
-		t.Fatalf("creation pipeline = %q; want BEGIN, %q, the write locking the workflows, COMMIT", p, genericPlans)
+	if len(p) != 5 || p[0] != "BEGIN" || p[1] != genericPlans || !strings.Contains(p[2], "FROM workflows") || !strings.Contains(p[2], "FOR SHARE") ||
+		!strings.HasPrefix(p[3], "WITH w0 AS (INSERT INTO runs") || p[4] != "COMMIT" {
+		t.Fatalf("creation pipeline = %q; want BEGIN, %q, the check locking the workflows, the write, COMMIT", p, genericPlans)
 	}
 
 	if _, err := s.DB().ExecContext(ctx, `UPDATE workflows SET enabled = FALSE WHERE id = $1`, off.ID); err != nil {

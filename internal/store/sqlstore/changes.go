@@ -699,16 +699,15 @@ func (s *Store) withStmt(parts []part) (string, []any) {
 		fmt.Fprintf(&key, "%s %s %d;", p.key.kind, p.key.table, p.key.rows)
 		args = append(args, p.args...)
 	}
-	// A guarded statement checks its guarded clauses' counts, workflows'
-	// and runs' first: each clause runs when the check first reads it, so
-	// the workflows' rows are locked before the runs', and those before the
-	// queue's and the tasks', the order every other transaction takes them
-	// in. When a count falls short the check casts
+	// A guarded statement checks its guarded clauses' counts, runs' first:
+	// each clause runs when the check first reads it, so the runs' rows
+	// are locked before the queue's and the tasks', the order every other
+	// transaction takes them in. When a count falls short the check casts
 	// guardFailed to an integer, which fails the statement with that text
 	// in Postgres's log (a constant would fail it as it is planned); the
 	// transaction is then rolled back, whatever its other clauses wrote.
 	var guards []int
-	for _, table := range []string{"workflows", "runs", "queue", "tasks"} {
+	for _, table := range []string{"runs", "queue", "tasks"} {
 		for i, p := range parts {
 			if p.guard > 0 && p.key.table == table {
 				guards = append(guards, i)

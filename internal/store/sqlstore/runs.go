@@ -315,12 +315,12 @@ func (s *Store) staleWorkflows(ctx context.Context, tx querier, nrs []*store.New
 }
 
 // createGuarded writes the new runs todo of nrs (Postgres) in one round
-// trip: BEGIN, the write and COMMIT. The locking way first reads their
-// workflows with shared locks, in a round trip of its own, to tell the
-// runs whose workflow changed since they were made from it; here the
-// write takes those locks itself, guarded (see withStmt) to find every
-// workflow enabled, not deleted, so named and at the version its runs
-// carry. done false: a workflow was not (or two of the runs name one
+// trip: BEGIN, the workflows' check, the write and COMMIT. The locking
+// way first reads their workflows with shared locks, in a round trip of
+// its own, to tell the runs whose workflow changed since they were made
+// from it; here a statement sent with the write takes those locks and
+// fails the transaction unless every workflow is enabled, not deleted,
+// so named and at the version its runs carry. done false: a workflow was not (or two of the runs name one
 // workflow differently), nothing was written, and the caller writes the
 // runs the locking way, which tells them apart.
 func (s *Store) createGuarded(ctx context.Context, nrs []*store.NewRun, todo []int, add func(*changeset) error) (_ *changeset, done bool, err error) {
@@ -341,7 +341,7 @@ func (s *Store) createGuarded(ctx context.Context, nrs []*store.NewRun, todo []i
 		return nil, false, err
 	}
 	parts, events := s.flushParts(cs)
-	all := append(append(parts[:len(parts):len(parts)], events()...), s.workflowsGuard(want))
+	all := append(parts[:len(parts):len(parts)], events()...)
 	if len(cs.cancel) > 0 || params(all) > maxStmtParams {
 		return nil, false, nil
 	}
@@ -356,7 +356,7 @@ func (s *Store) createGuarded(ctx context.Context, nrs []*store.NewRun, todo []i
 			s.abort(ctx, conn)
 		}
 	}()
-	stale, err := s.writeGuarded(ctx, conn, s.beginGeneric(), cs, all)
+	stale, err := s.writeGuarded(ctx, conn, append(s.beginGeneric(), s.workflowsGuard(want)), cs, all)
 	if err != nil || stale {
 		return nil, false, err
 	}
@@ -367,21 +367,21 @@ func (s *Store) createGuarded(ctx context.Context, nrs []*store.NewRun, todo []i
 	return cs, true, nil
 }
 
-// workflowsGuard is the guarded clause of createGuarded: it locks, as
-// workflowsCheck does, the workflows of want that are still as want has
-// them, one row each.
-func (s *Store) workflowsGuard(want map[string]wfState) part {
+// workflowsGuard locks, as workflowsCheck does, the workflows of want,
+// and fails (as a guarded write does: see withStmt) unless each is still
+// as want has it. It is a statement of its own, ahead of the write: the
+// lock in a clause of the write statement cost Postgres more than this
+// statement and the write together (a run's creation 0.84–0.96 ms
+// against 0.29–0.50).
+func (s *Store) workflowsGuard(want map[string]wfState) PipeQuery {
 	ids := slices.Sorted(maps.Keys(want))
-	names, versions := make([]any, len(ids)), make([]any, len(ids))
-	idArgs := make([]any, len(ids))
+	idArgs, names, versions := make([]any, len(ids)), make([]any, len(ids)), make([]any, len(ids))
 	for i, id := range ids {
 		idArgs[i], names[i], versions[i] = id, want[id].name, int64(want[id].version)
 	}
-	return part{key: stmtKey{"lock (guarded)", "workflows", 0}, args: []any{idArgs, names, versions}, what: "check the runs' workflows", guard: len(ids),
-		text: func() string {
-			return `SELECT 1 FROM workflows w JOIN unnest(CAST(? AS ` + s.cast(cText) + `[]), CAST(? AS ` + s.cast(cText) + `[]), CAST(? AS ` + s.cast(cInt) + `[])) AS v(id, name, version)
-				ON w.id = v.id AND w.name = v.name AND w.version = v.version WHERE w.enabled AND w.deleted_at IS NULL ORDER BY w.id FOR SHARE OF w`
-		}}
+	return PipeQuery{SQL: s.q(`SELECT CAST(CASE WHEN (SELECT count(*) FROM (SELECT 1 FROM workflows w JOIN unnest(CAST(? AS ` + s.cast(cText) + `[]), CAST(? AS ` + s.cast(cText) + `[]), CAST(? AS ` + s.cast(cInt) + `[])) AS v(id, name, version)
+			ON w.id = v.id AND w.name = v.name AND w.version = v.version WHERE w.enabled AND w.deleted_at IS NULL ORDER BY w.id FOR SHARE OF w) l) = ? THEN '1' ELSE '` + guardFailed + `' END AS int)`),
+		Args: []any{idArgs, names, versions, int64(len(ids))}}
 }
 
 // wfState is a workflow row as the writing transaction sees it.

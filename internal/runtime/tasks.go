@@ -229,8 +229,9 @@ func (r *Runtime) ClaimTasks(ctx context.Context, req ClaimRequest) ([]*store.Ta
 		sleep := deadline.Sub(now)
 		next, ok := c.Next, c.NextOK
 		if !c.NextRead {
-			// A claim that raced for tasks and got none, or got only
-			// exhausted ones, did not read when the next one is due.
+			// The store claimed without its read (the claim before got
+			// all it asked for), or claimed only exhausted tasks: when
+			// the next one is due was not read.
 			if next, ok, err = r.st.NextTaskDue(ctx, req.Types, now); err != nil {
 				ok = false
 			}

@@ -161,67 +161,88 @@ func TestPipelinesPlanKeyedStatementsOnce(t *testing.T) {
 
 // TestCreateRunsInOneRoundTrip: new runs whose workflows are as they were
 // made from are written in one pipeline, a check ahead of the write taking
-// the workflows' shared locks. A batch with a run whose workflow was
-// disabled since fails that check, which leaves nothing written;
-// the locking way then refuses that run (ErrWorkflowChanged) and writes
-// the others.
+// the workflows' shared locks. A batch with a run whose workflow changed
+// since (disabled, renamed, at another version, deleted) fails that check,
+// which leaves nothing written; the locking way then refuses that run
+// (ErrWorkflowChanged) and writes the others. So does a batch whose runs
+// name one workflow at two versions, without trying the one pipeline.
 func TestCreateRunsInOneRoundTrip(t *testing.T) {
 	s, wf := withWorkflow(t, pgtest.DSN(t), "once")
 	ctx := t.Context()
-	off, err := s.CreateWorkflow(ctx, &store.Workflow{Name: "off", Fingerprint: "f", Definition: json.RawMessage(`{}`), Enabled: true})
-	if err != nil {
-		t.Fatal(err)
-	}
 	now := time.Now().UTC().Truncate(time.Microsecond)
-	newRun := func(w *store.Workflow) *store.NewRun {
+	newRun := func(w *store.Workflow, version int) *store.NewRun {
 		return &store.NewRun{Workflow: w,
-			Run:   store.Run{WorkflowID: w.ID, Version: w.Version, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: now.Add(time.Hour), StartedAt: now},
+			Run:   store.Run{WorkflowID: w.ID, Version: version, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: now.Add(time.Hour), StartedAt: now},
 			Steps: []*store.StepRun{{Name: "a", Type: "task", Status: status.StepRunning, StartedAt: &now}},
 			Tasks: []*store.Task{{Type: "once.x.v1", Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: now, Step: "a"}}}
 	}
-	written := func(res []store.CreateResult) (n int) {
-		for _, r := range res {
-			if r.Created {
-				if _, _, err := s.GetRun(ctx, r.Run.ID); err != nil {
-					t.Errorf("run %s reported created: %v", r.Run.ID, err)
-				}
-				n++
-			}
+	runsOf := func(w *store.Workflow) (n int) {
+		t.Helper()
+		if err := s.ReadDB().QueryRowContext(ctx, `SELECT COUNT(*) FROM runs WHERE workflow_id = $1`, w.ID).Scan(&n); err != nil {
+			t.Fatal(err)
 		}
 		return n
 	}
+	// create writes a batch of a run of wf and then other, and checks
+	// what was written and how many pipelines it took.
+	create := func(what string, other *store.NewRun, wantOther bool, wantPipes int) [][]string {
+		t.Helper()
+		before, otherBefore := runsOf(wf), runsOf(other.Workflow)
+		sctx, recorded := spied(ctx)
+		res, err := s.CreateRuns(sctx, []*store.NewRun{newRun(wf, wf.Version), other}, now)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if !res[0].Created || res[1].Created != wantOther || (!wantOther && !errors.Is(res[1].Err, store.ErrWorkflowChanged)) {
+			t.Fatalf("%s: CreateRuns = %+v; want the first created, the second created=%v", what, res, wantOther)
+		}
+		wantOtherRuns := otherBefore
+		if wantOther {
+			wantOtherRuns++
+		}
+		if other.Workflow.ID == wf.ID {
+			wantOtherRuns++ // the first run counts there too
+		}
+		if got := runsOf(wf); other.Workflow.ID != wf.ID && got != before+1 {
+			t.Errorf("%s: runs of the live workflow %d, want %d", what, got, before+1)
+		}
+		if got := runsOf(other.Workflow); got != wantOtherRuns {
+			t.Errorf("%s: runs of the other workflow %d, want %d", what, got, wantOtherRuns)
+		}
+		pipes := recorded()
+		if len(pipes) != wantPipes {
+			t.Fatalf("%s sent %d pipelines, want %d: %q", what, len(pipes), wantPipes, pipes)
+		}
+		return pipes
+	}
+	workflow := func(name string) *store.Workflow {
+		w, err := s.CreateWorkflow(ctx, &store.Workflow{Name: name, Fingerprint: "f", Definition: json.RawMessage(`{}`), Enabled: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
 
-	sctx, recorded := spied(ctx)
-	res, err := s.CreateRuns(sctx, []*store.NewRun{newRun(wf), newRun(off)}, now)
-	if err != nil || written(res) != 2 {
-		t.Fatalf("CreateRuns = %+v, %v; want both runs created", res, err)
-	}
-	pipes := recorded()
-	if len(pipes) != 1 {
-		t.Fatalf("creation sent %d pipelines, want one: %q", len(pipes), pipes)
-	}
-	p := pipes[0]
+	other := workflow("other")
+	p := create("workflows as their runs carry them", newRun(other, other.Version), true, 1)[0]
 	if len(p) != 5 || p[0] != "BEGIN" || p[1] != genericPlans || !strings.Contains(p[2], "FROM workflows") || !strings.Contains(p[2], "FOR SHARE") ||
 		!strings.HasPrefix(p[3], "WITH w0 AS (INSERT INTO runs") || p[4] != "COMMIT" {
 		t.Fatalf("creation pipeline = %q; want BEGIN, %q, the check locking the workflows, the write, COMMIT", p, genericPlans)
 	}
 
-	if _, err := s.DB().ExecContext(ctx, `UPDATE workflows SET enabled = FALSE WHERE id = $1`, off.ID); err != nil {
-		t.Fatal(err)
+	// The guarded pipeline, then the locking way's two.
+	for _, c := range []struct{ what, change string }{
+		{"a disabled workflow", `enabled = FALSE`},
+		{"a renamed workflow", `name = name || '-renamed'`},
+		{"a workflow at another version", `version = version + 1`},
+		{"a deleted workflow", `deleted_at = 1`},
+	} {
+		w := workflow(strings.ReplaceAll(c.what, " ", "-"))
+		if _, err := s.DB().ExecContext(ctx, `UPDATE workflows SET `+c.change+` WHERE id = $1`, w.ID); err != nil {
+			t.Fatal(err)
+		}
+		create(c.what, newRun(w, w.Version), false, 3)
 	}
-	sctx, recorded = spied(ctx)
-	res, err = s.CreateRuns(sctx, []*store.NewRun{newRun(wf), newRun(off)}, now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if written(res) != 1 || !res[0].Created || !errors.Is(res[1].Err, store.ErrWorkflowChanged) {
-		t.Fatalf("CreateRuns with a disabled workflow = %+v; want the first created, the second ErrWorkflowChanged", res)
-	}
-	if pipes := recorded(); len(pipes) != 3 {
-		t.Fatalf("creation with a disabled workflow sent %d pipelines, want the guarded one, then the locking way's two: %q", len(pipes), pipes)
-	}
-	var n int
-	if err := s.ReadDB().QueryRowContext(ctx, `SELECT COUNT(*) FROM runs WHERE workflow_id = $1`, off.ID).Scan(&n); err != nil || n != 1 {
-		t.Fatalf("runs of the disabled workflow = %d, %v; want only the one created before", n, err)
-	}
+	// Runs of one workflow at two versions: no guarded pipeline.
+	create("a run at another version of the same workflow", newRun(wf, wf.Version+1), false, 2)
 }

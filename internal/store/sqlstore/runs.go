@@ -171,8 +171,9 @@ func (s *Store) createRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 	}
 	if len(todo) > 0 {
 		if q, args, ok := s.workflowsCheck(nrs, todo); ok && s.d.Pipeline != nil {
-			// Postgres: one round trip, or two (see pipeline.go) when a
-			// workflow is not as the runs were made from.
+			// Postgres: one round trip, or when that writes nothing (a
+			// workflow is not as the runs were made from) two more (see
+			// pipeline.go).
 			var done bool
 			cs, done, err = s.createGuarded(ctx, nrs, todo, add)
 			if err == nil && !done {
@@ -320,9 +321,12 @@ func (s *Store) staleWorkflows(ctx context.Context, tx querier, nrs []*store.New
 // its own, to tell the runs whose workflow changed since they were made
 // from it; here a statement sent with the write takes those locks and
 // fails the transaction unless every workflow is enabled, not deleted,
-// so named and at the version its runs carry. done false: a workflow was not (or two of the runs name one
-// workflow differently), nothing was written, and the caller writes the
-// runs the locking way, which tells them apart.
+// so named and at the version its runs carry. done false: nothing was
+// written, and the caller writes the runs the locking way, which tells
+// the refused ones apart. That is so when a workflow was not as its runs
+// carry it, or two of the runs name one workflow differently, and also
+// when the batch cancels tasks or its write would pass maxStmtParams
+// (the locking way writes those statement by statement).
 func (s *Store) createGuarded(ctx context.Context, nrs []*store.NewRun, todo []int, add func(*changeset) error) (_ *changeset, done bool, err error) {
 	want := map[string]wfState{}
 	for _, i := range todo {

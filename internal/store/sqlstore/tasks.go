@@ -380,7 +380,9 @@ func claimOrder(a, b *store.Task) bool {
 // claimableOrNext says whether a claim of these types would find a task
 // (both of its walks, stopping at the first) and, when it would not, when
 // one next becomes claimable (the walks of nextDue, which a CASE runs only
-// then), in one statement.
+// then), in one statement. The LIMIT keeps x a subquery of its own:
+// Postgres would otherwise fold it into the outer query and run the
+// walks once for each of the three uses of ok.
 func (s *Store) claimableOrNext(ctx context.Context, filter string, fargs []any, now int64) (bool, store.Claim, error) {
 	nextSQL, nextArgs := nextDue(filter, fargs, now)
 	args := append(nextArgs, now)
@@ -389,7 +391,7 @@ func (s *Store) claimableOrNext(ctx context.Context, filter string, fargs []any,
 	var pending, leased sql.NullInt64
 	err := s.r.QueryRowContext(ctx, s.q(`SELECT x.ok, CASE WHEN x.ok THEN NULL ELSE (`+nextSQL[0]+`) END, CASE WHEN x.ok THEN NULL ELSE (`+nextSQL[1]+`) END
 		FROM (SELECT EXISTS (SELECT 1 FROM tasks WHERE status = 'pending' AND run_at <= ? AND `+filter+` AND `+notDisabled+`)
-		OR EXISTS (SELECT 1 FROM tasks WHERE status = 'leased' AND lease_until <= ? AND `+filter+` AND `+notDisabled+`) AS ok) AS x`), args...).Scan(&ok, &pending, &leased)
+		OR EXISTS (SELECT 1 FROM tasks WHERE status = 'leased' AND lease_until <= ? AND `+filter+` AND `+notDisabled+`) AS ok LIMIT 1) AS x`), args...).Scan(&ok, &pending, &leased)
 	if err != nil {
 		return false, store.Claim{}, fmt.Errorf("claim tasks: %w", err)
 	}

@@ -238,9 +238,8 @@ func (s *Store) ClaimOrNext(ctx context.Context, req store.ClaimTasks) (store.Cl
 	// read would only delay the claim (a single claim with a task ready
 	// took 0.66–0.70 → 0.95–1.17 ms on SQLite), so it is skipped.
 	if !s.claimFilled.Load() {
-		ok, next, err := s.claimableOrNext(ctx, filter, fargs, now)
-		if err != nil || !ok {
-			return next, err
+		if c, err := s.claimableOrNext(ctx, filter, fargs, now); err != nil || c.NextRead {
+			return c, err
 		}
 	}
 	var out []*store.Task
@@ -377,13 +376,13 @@ func claimOrder(a, b *store.Task) bool {
 	return a.ID < b.ID
 }
 
-// claimableOrNext says whether a claim of these types would find a task
+// claimableOrNext reads whether a claim of these types would find a task
 // (both of its walks, stopping at the first) and, when it would not, when
 // one next becomes claimable (the walks of nextDue, which a CASE runs only
-// then), in one statement. The LIMIT keeps x a subquery of its own:
+// then), in one statement: NextRead set says nothing is claimable. The LIMIT keeps x a subquery of its own:
 // Postgres would otherwise fold it into the outer query and run the
 // walks once for each of the three uses of ok.
-func (s *Store) claimableOrNext(ctx context.Context, filter string, fargs []any, now int64) (bool, store.Claim, error) {
+func (s *Store) claimableOrNext(ctx context.Context, filter string, fargs []any, now int64) (store.Claim, error) {
 	nextSQL, nextArgs := nextDue(filter, fargs, now)
 	args := append(nextArgs, now)
 	args = append(append(append(args, fargs...), now), fargs...)
@@ -393,14 +392,14 @@ func (s *Store) claimableOrNext(ctx context.Context, filter string, fargs []any,
 		FROM (SELECT EXISTS (SELECT 1 FROM tasks WHERE status = 'pending' AND run_at <= ? AND `+filter+` AND `+notDisabled+`)
 		OR EXISTS (SELECT 1 FROM tasks WHERE status = 'leased' AND lease_until <= ? AND `+filter+` AND `+notDisabled+`) AS ok LIMIT 1) AS x`), args...).Scan(&ok, &pending, &leased)
 	if err != nil {
-		return false, store.Claim{}, fmt.Errorf("claim tasks: %w", err)
+		return store.Claim{}, fmt.Errorf("claim tasks: %w", err)
 	}
 	if ok {
-		return true, store.Claim{}, nil
+		return store.Claim{}, nil
 	}
 	c := store.Claim{NextRead: true}
 	c.Next, c.NextOK = earliest(pending, leased)
-	return false, c, nil
+	return c, nil
 }
 
 // nextDue is NextTaskDue's two walks, each a statement returning one

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"fmt"
 	"math"
 	"reflect"
 	"strings"
@@ -291,7 +292,7 @@ func TestGrowWriteSendsNothing(t *testing.T) {
 	var sent bytes.Buffer
 	fe := pgproto3.NewFrontend(strings.NewReader(""), &sent)
 	fe.Send(&pgproto3.Sync{})
-	fe.Send(growWrite(1 << 20))
+	fe.Send(growWrite{n: 1 << 20, kept: new([]byte)})
 	fe.Send(&pgproto3.Sync{})
 	if err := fe.Flush(); err != nil {
 		t.Fatal(err)
@@ -300,5 +301,110 @@ func TestGrowWriteSendsNothing(t *testing.T) {
 	want = append(want, want...)
 	if !bytes.Equal(sent.Bytes(), want) {
 		t.Fatalf("sent % x, want % x", sent.Bytes(), want)
+	}
+}
+
+// TestSizedStatementsLendKeptArrays: the arrays a sized statement grew
+// are lent to the next one on the connection once pgx has replaced them,
+// never while pgx still holds them, and what each statement sends is
+// its own bytes.
+func TestSizedStatementsLendKeptArrays(t *testing.T) {
+	sameArray := func(a, b []byte) bool { return cap(a) > 0 && cap(b) > 0 && &a[:cap(a)][0] == &b[:cap(b)][0] }
+	var kept []byte
+	first := grow(&kept, make([]byte, 3, 256), 10000)
+	if cap(first)-len(first) < 10000 || !sameArray(kept, first) {
+		t.Fatalf("first grow: cap %d, kept %v", cap(first), sameArray(kept, first))
+	}
+	// pgx goes on appending to the array it holds: it grows as before.
+	held := grow(&kept, first, 1<<16)
+	if sameArray(held, first) || !sameArray(kept, held) {
+		t.Fatal("a held array was lent again instead of grown")
+	}
+	// pgx replaced it (a fresh buffer with a few bytes): the kept array
+	// is lent, the bytes copied in.
+	fresh := append(make([]byte, 0, 256), "abc"...)
+	lent := grow(&kept, fresh, 20000)
+	if !sameArray(lent, held) || string(lent) != "abc" {
+		t.Fatalf("lent %q (same array %v), want the kept array holding abc", lent, sameArray(lent, held))
+	}
+	// Room enough already: nothing changes hands.
+	if got := grow(&kept, fresh, 10); !sameArray(got, fresh) {
+		t.Fatal("a buffer with room was replaced")
+	}
+	// Too large to keep: allocated, the kept array left as it was.
+	huge := grow(&kept, fresh, maxKept+1)
+	if sameArray(huge, held) || !sameArray(kept, held) {
+		t.Fatal("an array over maxKept was kept, or the kept one lent short")
+	}
+}
+
+// TestSizedStatementsInSequence: sized statements one after another on a
+// connection, alone and in a batch, larger and smaller than the one
+// before, each reach Postgres as their own values (the kept arrays carry
+// nothing of one statement into the next).
+func TestSizedStatementsInSequence(t *testing.T) {
+	conn := codecConn(t)
+	column := func(n int, tag string) []any {
+		c := make([]any, n)
+		for i := range c {
+			c[i] = fmt.Sprintf("%s-%d-%s", tag, i, strings.Repeat("x", i%50))
+		}
+		return c
+	}
+	check := func(rows pgx.Rows, want []any) {
+		t.Helper()
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%d rows, want %d", len(got), len(want))
+		}
+		for i := range got {
+			if got[i] != want[i] {
+				t.Fatalf("row %d: %q, want %q", i, got[i], want[i])
+			}
+		}
+	}
+	const q = `SELECT t FROM unnest(CAST($1 AS TEXT[])) WITH ORDINALITY AS v(t, i) ORDER BY i`
+	for round, n := range []int{300, 2000, 500, 4000, 300} {
+		want := column(n, fmt.Sprint("alone", round))
+		rows, err := conn.Query(t.Context(), q, sizeParams([]any{want})...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(rows, want)
+
+		// A parameter ahead of the column, and a small statement ahead of
+		// the sized ones in the batch: the bytes pgx wrote before a sized
+		// column go along into a lent array.
+		prefixed := column(n, fmt.Sprint("p", round))
+		rows, err = conn.Query(t.Context(), `SELECT $1 || t FROM unnest(CAST($2 AS TEXT[])) WITH ORDINALITY AS v(t, i) ORDER BY i`, sizeParams([]any{"pre-", prefixed})...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range prefixed {
+			prefixed[i] = "pre-" + prefixed[i].(string)
+		}
+		check(rows, prefixed)
+
+		var b pgx.Batch
+		small := []any{"s1", "s2"}
+		b.Queue(q, small)
+		wants := [][]any{small, column(n, fmt.Sprint("a", round)), column(n/2+200, fmt.Sprint("b", round)), column(n*2, fmt.Sprint("c", round))}
+		for _, w := range wants[1:] {
+			b.Queue(q, sizeParams([]any{w})...)
+		}
+		br := conn.SendBatch(t.Context(), &b)
+		for _, w := range wants {
+			rows, err := br.Query()
+			if err != nil {
+				t.Fatal(err)
+			}
+			check(rows, w)
+		}
+		if err := br.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -585,7 +585,7 @@ func (s *Store) ListEvents(ctx context.Context, owner string, afterSeq int64, li
 		lim = 1000
 	}
 	rows, err := s.r.QueryContext(ctx, s.q(`SELECT seq, type, step, data, at, earlier FROM (SELECT seq, type, step, data, at, earlier FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?) e
-		UNION ALL SELECT 0, '', '', NULL, 0, events FROM tasks WHERE id = ? AND events <> ''
+		UNION ALL SELECT 0, type, step, run_id, created_at, events FROM tasks WHERE id = ? AND events <> ''
 		UNION ALL SELECT 0, '', '', NULL, 0, events FROM runs WHERE id = ? AND events <> ''`), owner, afterSeq, lim, owner, owner)
 	if err != nil {
 		return nil, err
@@ -600,6 +600,14 @@ func (s *Store) ListEvents(ctx context.Context, owner string, afterSeq int64, li
 			return nil, err
 		}
 		if packed.Valid {
+			if rest, ok := strings.CutPrefix(packed.String, createdMark); ok && e.Seq == 0 {
+				// A task's row: its columns are the created event's.
+				if afterSeq < 1 {
+					k := store.Task{Type: e.Type, Step: e.Step, RunID: data.String}
+					out = append(out, &store.Event{RunID: owner, Seq: 1, Type: "created", Data: json.RawMessage(createdData(&k)), At: fromTS(at)})
+				}
+				packed.String = rest
+			}
 			evs, err := unpackEvents(owner, packed.String, afterSeq)
 			if err != nil {
 				return nil, err

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -42,6 +43,7 @@ var taskTests = []test{
 	{"TaskEventsPastTheRowPage", testTaskEventsPastRow},
 	{"CancelTasksPastTheRow", testCancelTasksPastRow},
 	{"TaskEventsWrittenBeforeTheRowHeldThem", testTaskEventsLegacy},
+	{"CreatedEventImpliedByTheRow", testTaskCreatedImplied},
 	{"CancelTasksOnlyThatRun", testCancelTasks},
 	{"CancelTasksManyIDs", testCancelTasksManyIDs},
 	{"CreatedLeasedThenCancelledNotReported", testCreatedLeasedThenCancelled},
@@ -1361,6 +1363,59 @@ func testTaskEventsLegacy(t *testing.T, s store.Store) {
 	got, err := s.ListEvents(ctx, k.ID, 0, 2)
 	must(t, err, "ListEvents")
 	diff(t, "first page", seqRange(1, 2), seqs(got))
+}
+
+// testTaskCreatedImplied: a task's row implies its created event rather
+// than holding it (migration 0016), and the log reads the same from it
+// as from a row that holds the event written out (before 0016): for a
+// standalone task and a run's, whatever its type holds, on every page.
+func testTaskCreatedImplied(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	raw := rawDB(t, s)
+	solo := mkTask(t, s, newTask(`odd"type<&>\\é`, t0), t0)
+	wf := mkWorkflow(t, s, "wf")
+	r := mkSimpleRun(t, s, wf)
+	created := at(time.Second + 7*time.Microsecond)
+	var step *store.Task
+	inRun(t, s, r.ID, created, func(tx store.RunTx) error {
+		step = &store.Task{Type: "content.thumbnail.v1", Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: created, Step: "a"}
+		return tx.CreateTask(step)
+	})
+	if c := claimTasks(t, s, []string{"content.%"}, "w", created, time.Hour, 1); len(c) != 1 {
+		t.Fatalf("claimed %d, want 1", len(c))
+	}
+	heartbeats(t, s, step.ID, created, 2)
+	for _, c := range []struct {
+		k    *store.Task
+		at   time.Time
+		data map[string]any
+	}{
+		{solo, t0, map[string]any{"type": solo.Type}},
+		{step, created, map[string]any{"run_id": r.ID, "step": "a", "type": "content.thumbnail.v1"}},
+	} {
+		var row string
+		must(t, raw.QueryRowContext(ctx, fmt.Sprintf(`SELECT events FROM tasks WHERE id = '%s'`, c.k.ID)).Scan(&row), "read the task's row")
+		if !strings.HasPrefix(row, "~") || strings.Contains(row, `"created"`) {
+			t.Errorf("task row's events = %q, want the created event implied (~), not written", row)
+		}
+		evs := events(t, s, c.k.ID)
+		e := evs[0]
+		if e.RunID != c.k.ID || e.Seq != 1 || e.Type != "created" || e.Step != "" || !e.At.Equal(c.at) {
+			t.Errorf("created event = %+v, want {RunID:%s Seq:1 Type:created At:%v}", e, c.k.ID, c.at)
+		}
+		diff(t, "created event data", c.data, eventData(t, e))
+		for after := range evs {
+			got, err := s.ListEvents(ctx, c.k.ID, int64(after), 2)
+			must(t, err, "ListEvents")
+			diff(t, fmt.Sprintf("page after %d", after), evs[after:min(after+2, len(evs))], got)
+		}
+
+		// The same row with the event written out, as rows before 0016.
+		legacy := fmt.Sprintf(`,{"seq":1,"type":"created","data":%s,"at":%d}`, e.Data, c.at.UnixMicro()) + strings.TrimPrefix(row, "~")
+		_, err := raw.ExecContext(ctx, fmt.Sprintf(`UPDATE tasks SET events = '%s' WHERE id = '%s'`, legacy, c.k.ID))
+		must(t, err, "write the legacy row")
+		diff(t, "the log from the legacy row", evs, events(t, s, c.k.ID))
+	}
 }
 
 // testTaskClaimTies: tasks equal in priority, due time and creation (a

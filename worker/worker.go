@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ferryhq/ferry/client"
+	"github.com/ferryhq/ferry/internal/jsonenc"
 )
 
 // Source hands out tasks and takes their reports. *client.Client (over
@@ -427,7 +428,7 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 		return nil
 	}
 	if err == nil {
-		raw, merr := json.Marshal(res) // validates a json.RawMessage too
+		raw, merr := jsonenc.Marshal(res) // json.Marshal's bytes; validates a json.RawMessage too
 		if merr != nil {
 			err = NonRetryable(fmt.Errorf("encode the handler's result: %w", merr))
 		} else {

@@ -14,8 +14,8 @@
 // transaction on them without locking reads, writing each row only at
 // the version it was decided on (optimistic.go).
 //
-// It imports internal/store and the standard library; it must not import the
-// engine, runtime or api packages, nor a database driver (the sqlite and
-// postgres packages bring those; only its own tests open SQLite directly,
-// to drive the single writer).
+// It imports internal/store, internal/jsonenc and the standard library; it
+// must not import the engine, runtime or api packages, nor a database
+// driver (the sqlite and postgres packages bring those; only its own tests
+// open SQLite directly, to drive the single writer).
 package sqlstore

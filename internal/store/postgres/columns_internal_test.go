@@ -408,3 +408,48 @@ func TestSizedStatementsInSequence(t *testing.T) {
 		}
 	}
 }
+
+// TestSizedStatementsReuseTheConnectionsArrays: a connection's four
+// column codecs share one pair of kept arrays, its sized statements grow
+// them, and the next sized statement is written through the same arrays
+// rather than new ones.
+func TestSizedStatementsReuseTheConnectionsArrays(t *testing.T) {
+	conn := codecConn(t)
+	var bufs *connBuffers
+	for oid := range columnArrays {
+		typ, ok := conn.TypeMap().TypeForOID(oid)
+		if !ok {
+			t.Fatalf("type %d not registered", oid)
+		}
+		c, ok := typ.Codec.(*columnCodec)
+		if !ok {
+			t.Fatalf("type %d has codec %T", oid, typ.Codec)
+		}
+		if bufs == nil {
+			bufs = c.bufs
+		}
+		if c.bufs == nil || c.bufs != bufs {
+			t.Fatal("the connection's codecs do not share one pair of kept arrays")
+		}
+	}
+	run := func(n int) {
+		t.Helper()
+		col := make([]any, n)
+		for i := range col {
+			col[i] = strings.Repeat("z", 40)
+		}
+		var got int
+		if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM unnest(CAST($1 AS TEXT[]))`, sizeParams([]any{col})...).Scan(&got); err != nil || got != n {
+			t.Fatalf("count %d, err %v; want %d", got, err, n)
+		}
+	}
+	run(2000)
+	if cap(bufs.params) < 2000*44 || cap(bufs.write) < 2000*44 {
+		t.Fatalf("kept arrays of %d and %d bytes after a statement of ≈%d", cap(bufs.params), cap(bufs.write), 2000*44)
+	}
+	params, write := &bufs.params[:1][0], &bufs.write[:1][0]
+	run(1500)
+	if &bufs.params[:1][0] != params || &bufs.write[:1][0] != write {
+		t.Fatal("the second statement allocated new arrays instead of the kept ones")
+	}
+}

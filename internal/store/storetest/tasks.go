@@ -1372,19 +1372,23 @@ func testTaskEventsLegacy(t *testing.T, s store.Store) {
 func testTaskCreatedImplied(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	raw := rawDB(t, s)
-	solo := mkTask(t, s, newTask(`odd"type<&>\\é`, t0), t0)
+	// Every other time of each task (run_at, updated_at) differs from
+	// its creation's, so the event's time can only come from created_at.
+	solo := mkTask(t, s, newTask(`odd"type<&>\\é`, at(time.Hour)), t0)
 	wf := mkWorkflow(t, s, "wf")
 	r := mkSimpleRun(t, s, wf)
 	created := at(time.Second + 7*time.Microsecond)
+	later := created.Add(time.Minute)
 	var step *store.Task
 	inRun(t, s, r.ID, created, func(tx store.RunTx) error {
-		step = &store.Task{Type: "content.thumbnail.v1", Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: created, Step: "a"}
+		step = &store.Task{Type: "content.thumbnail.v1", Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: created.Add(time.Second), Step: "a"}
 		return tx.CreateTask(step)
 	})
-	if c := claimTasks(t, s, []string{"content.%"}, "w", created, time.Hour, 1); len(c) != 1 {
+	if c := claimTasks(t, s, []string{"content.%"}, "w", later, time.Hour, 1); len(c) != 1 {
 		t.Fatalf("claimed %d, want 1", len(c))
 	}
-	heartbeats(t, s, step.ID, created, 2)
+	heartbeats(t, s, step.ID, later, 2)
+	heartbeats(t, s, solo.ID, later, 1)
 	for _, c := range []struct {
 		k    *store.Task
 		at   time.Time

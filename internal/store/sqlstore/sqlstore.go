@@ -130,7 +130,7 @@ func (s *Store) committed(cs *changeset) {
 	if s.tcache != nil {
 		s.tcache.put(cs)
 	}
-	s.grew(len(cs.newRuns) + len(cs.newSteps) + len(cs.newTasks) + len(cs.events))
+	s.grew(cs.newRows())
 	n := &cs.note
 	if n.c.HTTPDue.IsZero() && n.c.TimerDue.IsZero() && !n.c.Tasks && len(n.c.Leased) == 0 {
 		return

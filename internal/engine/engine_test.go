@@ -274,6 +274,25 @@ func TestCascadeInOneCall(t *testing.T) {
 	}
 }
 
+// TestScopeReadsStepsDecidedInTheSameCall: steps are read into the
+// templates' scope when first read, from the run's state as it stands in
+// the call: a step skipped earlier in the same Next reads as skipped
+// (status "skipped", null body) to the decisions after it, and a finished
+// step read by several decisions reads the same each time.
+func TestScopeReadsStepsDecidedInTheSameCall(t *testing.T) {
+	def := parse(t, `{"name":"lazy","tasks":{
+		"root":{"url":"https://x.test/root"},
+		"a":{"needs":["root"],"if":"tasks.root.body.x == 2","url":"https://x.test/a"},
+		"b":{"needs":["a"],"if":"tasks.a.status == 'skipped'","url":"https://x.test/b","body":{"x":"{{tasks.root.body.x}}","a":"{{tasks.a.body}}"}},
+		"c":{"needs":["a"],"url":"https://x.test/c","body":{"x":"{{tasks.root.body.x}}"}}
+	}}`)
+	ds := decideAll(t, engine.Run{Def: def, Steps: map[string]engine.StepState{"root": ok(200, `{"x": 1}`)}})
+	if ds["a"].Action != engine.Skip || ds["b"].Action != engine.StartHTTP || ds["c"].Action != engine.Skip {
+		t.Fatalf("decisions a %s, b %s (%s), c %s; want skip, start, skip", ds["a"].Action, ds["b"].Action, ds["b"].Reason, ds["c"].Action)
+	}
+	jsonEqual(t, "b", ds["b"].HTTP.Body, `{"x": 1, "a": null}`)
+}
+
 func TestFailureBlocksAndFailsRun(t *testing.T) {
 	def := parse(t, `{"name":"blk","tasks":{
 		"a":{"url":"https://x.test/a"},

@@ -25,6 +25,12 @@ type Scope struct {
 	TriggerHeaders map[string]string     // lookup ignores case
 	Tasks          map[string]StepResult // finished (terminal) steps only
 	WaitURLs       map[string]string     // step name -> callback URL
+	// TaskResult, when set, is asked for a step Tasks does not hold, and
+	// answers as Tasks would (finished steps only). It lets the caller
+	// decode a step's body only once a template or condition reads that
+	// step. A Scope with TaskResult is as safe for concurrent use as
+	// TaskResult is.
+	TaskResult func(step string) (StepResult, bool)
 }
 
 // Lookup resolves p leniently, as conditions need: anything missing, and
@@ -94,6 +100,9 @@ func (s *Scope) resolveTask(p Path, fail func(string, ...any) (any, error)) (any
 	}
 	step := names[1]
 	r, ok := s.Tasks[step]
+	if !ok && s.TaskResult != nil {
+		r, ok = s.TaskResult(step)
+	}
 	if !ok {
 		return fail("step %q has not finished or does not exist", step)
 	}

@@ -245,3 +245,33 @@ func TestHeaderLookupDeterministic(t *testing.T) {
 		t.Errorf("exact match should win, got %q", v)
 	}
 }
+
+// TestTaskResultAnswersForStepsNotInTasks: a step Tasks does not hold is
+// asked of TaskResult, once per read, and resolves as if Tasks held it;
+// a step it does not know has not finished. Tasks is asked first.
+func TestTaskResultAnswersForStepsNotInTasks(t *testing.T) {
+	asked := map[string]int{}
+	sc := &Scope{
+		Tasks: map[string]StepResult{"held": {Status: "success", StatusCode: intp(201)}},
+		TaskResult: func(step string) (StepResult, bool) {
+			asked[step]++
+			if step != "lazy" {
+				return StepResult{}, false
+			}
+			return StepResult{Status: "success", StatusCode: intp(200), Body: decode(t, `{"id": 7}`), BodyJSON: true}, true
+		},
+	}
+	if v, err := sc.Resolve(mustPath(t, "tasks.lazy.body.id")); err != nil || v != json.Number("7") {
+		t.Errorf("tasks.lazy.body.id = %#v, %v; want 7", v, err)
+	}
+	if v, err := sc.Resolve(mustPath(t, "tasks.held.status_code")); err != nil || v != 201 {
+		t.Errorf("tasks.held.status_code = %#v, %v; want 201", v, err)
+	}
+	var re *ResolveError
+	if _, err := sc.Resolve(mustPath(t, "tasks.gone.status")); !errors.As(err, &re) || !strings.Contains(re.Reason, "has not finished") {
+		t.Errorf("tasks.gone.status: %v, want a has-not-finished error", err)
+	}
+	if want := map[string]int{"lazy": 1, "gone": 1}; !reflect.DeepEqual(asked, want) {
+		t.Errorf("TaskResult asked %v, want %v", asked, want)
+	}
+}

@@ -98,7 +98,7 @@ func Next(r Run) []Decision {
 			sc.states = states
 		}
 		states[name] = s
-		sc.finished(name, s)
+		sc.finished(name)
 	}
 	for changed := true; changed; {
 		changed = false
@@ -175,8 +175,10 @@ func (l *lazyScope) result(name string) (expr.StepResult, bool) {
 }
 
 // finished notes a step that became terminal during this call: its
-// result is made from its new state when it is read.
-func (l *lazyScope) finished(name string, _ StepState) {
+// result is made from its new state when it is read. (Only a step not
+// yet finished becomes terminal, and those are never kept in results;
+// the delete keeps that true should a step ever be decided again.)
+func (l *lazyScope) finished(name string) {
 	delete(l.results, name)
 }
 
@@ -248,7 +250,7 @@ func templateMessage(err error) string {
 
 func renderPayload(st *spec.Step, sc *lazyScope) (json.RawMessage, error) {
 	if !st.HasPayload {
-		// No scope: building it decodes every finished step's output.
+		// No scope: building it decodes the trigger's body.
 		return json.RawMessage("{}"), nil
 	}
 	v, err := expr.RenderJSON(st.Payload, sc.get())

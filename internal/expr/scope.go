@@ -18,8 +18,9 @@ type StepResult struct {
 }
 
 // Scope is everything a template or condition can read. Nothing here
-// mutates it, and values handed out are copies, so one Scope may be shared
-// by concurrent evaluations.
+// mutates it, so one Scope may be shared by concurrent evaluations, unless
+// its TaskResult is not safe for concurrent use (the engine's memoizes
+// into a map: its Scope belongs to one decision round).
 type Scope struct {
 	TriggerBody    any                   // decoded JSON of the trigger payload
 	TriggerHeaders map[string]string     // lookup ignores case

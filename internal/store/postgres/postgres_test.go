@@ -416,8 +416,9 @@ func TestStatisticsRefreshedAsTablesGrow(t *testing.T) {
 	}
 	now := time.Now()
 	var nrs []*store.NewRun
-	// A run and a task each, 2,200 rows: the step and the events are in
-	// their rows, which ANALYZE does not count (changeset.newRows).
+	// A run and a task each, 2,200 rows: the step is kept in its run's
+	// row and the task's created event in the task's, which the refresh
+	// does not count (changeset.newRows).
 	for range 1100 {
 		nrs = append(nrs, &store.NewRun{
 			Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), StartedAt: now, ExpiresAt: now.Add(time.Hour)},

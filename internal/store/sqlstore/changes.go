@@ -37,6 +37,9 @@ type changeset struct {
 	cacheIDs  []string
 	cacheRuns []*cachedRun
 	xid       string // Postgres: the writing transaction's id, once flushed
+	// stepsOut is how many steps flush wrote to step_runs from their
+	// run's row (an upper bound on the step rows it inserted there).
+	stepsOut int
 	// placed is, for each run whose row flush wrote, the names of its
 	// steps that row now holds (runTx.inRow once this commits).
 	placed map[string]map[string]bool
@@ -192,19 +195,14 @@ func (c *changeset) eventRows() [][]any {
 	return rows
 }
 
-// newRows is about how many rows c inserts: its runs, steps and tasks,
-// and its events that go to the events table (an upper bound: a row there
-// may pack several). Events kept in their task's or run's row are not
-// rows: counting them made the background ANALYZE (Store.grew) run about
-// twice as often as the tables grew.
+// newRows is about how many rows c inserts into the tables the
+// background ANALYZE covers (Store.grew): runs, step rows (new ones, and
+// steps leaving their run's row, which flush counts into stepsOut),
+// tasks and queue items. Events are not counted: they go to their task's
+// or run's row or to the events table, which is not analyzed, and
+// counting them made the refresh run more often than those tables grew.
 func (c *changeset) newRows() int {
-	n := len(c.newRuns) + len(c.newSteps) + len(c.newTasks)
-	for _, e := range c.events {
-		if !e.inRow() {
-			n++
-		}
-	}
-	return n
+	return len(c.newRuns) + len(c.newSteps) + c.stepsOut + len(c.newTasks) + len(c.queue)
 }
 
 // A row of the events table packs at most packEvents events, and stops
@@ -995,6 +993,7 @@ func (s *Store) flushParts(c *changeset) ([]part, func() []part) {
 	if len(upserts) > 0 {
 		parts = append(parts, s.upsertParts("step_runs", stepCols, []string{"run_id", "name"}, stepSet, stepInsertTypes, upserts)...)
 	}
+	c.stepsOut = len(upserts)
 	if len(moved) > 0 {
 		parts = append(parts, s.deleteParts("step_runs", []string{"run_id", "name"}, moved)...)
 	}

@@ -49,21 +49,22 @@ func TestChangesetKeepsEachRowOnce(t *testing.T) {
 	}
 }
 
-// TestNewRowsCountsRowsNotEventsInRows: what a changeset counts towards
-// the background ANALYZE is the rows it inserts: a run and its task with
-// their first events in their own rows are two, and only events past a
-// row's share add rows of the events table.
-func TestNewRowsCountsRowsNotEventsInRows(t *testing.T) {
+// TestNewRowsCountsRowsNotEvents: what a changeset counts towards the
+// background ANALYZE is the rows it inserts into the tables it analyzes:
+// a run and its task are two whatever events they carry, and step rows,
+// steps written out of their run's row and queue items add theirs.
+func TestNewRowsCountsRowsNotEvents(t *testing.T) {
 	c := &changeset{newRuns: [][]any{{"r"}}, newTasks: []*store.Task{{ID: "k"}}}
-	for seq := int64(1); seq <= 3; seq++ {
+	for seq := int64(1); seq <= 10; seq++ {
 		c.events = append(c.events, eventRow{owner: "k", seq: seq, cap: taskRowEvents}, eventRow{owner: "r", seq: seq, cap: runRowEvents})
 	}
 	if got := c.newRows(); got != 2 {
-		t.Errorf("a run and a task with their events in their rows: %d rows, want 2", got)
+		t.Errorf("a run and a task with ten events each: %d rows, want 2", got)
 	}
 	c.newSteps = []*store.StepRun{{RunID: "r", Name: "a"}}
-	c.events = append(c.events, eventRow{owner: "r", seq: runRowEvents + 1, cap: runRowEvents}, eventRow{owner: "k", seq: taskRowEvents + 1, cap: taskRowEvents})
-	if got := c.newRows(); got != 5 {
-		t.Errorf("with a step row and two events past their rows: %d rows, want 5", got)
+	c.stepsOut = 2
+	c.queue = []store.QueueItem{{Kind: store.KindWake, RunID: "r", Step: "b"}}
+	if got := c.newRows(); got != 6 {
+		t.Errorf("with a step row, two steps out of the run's row and a queue item: %d rows, want 6", got)
 	}
 }

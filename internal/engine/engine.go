@@ -98,7 +98,6 @@ func Next(r Run) []Decision {
 			sc.states = states
 		}
 		states[name] = s
-		sc.finished(name)
 	}
 	for changed := true; changed; {
 		changed = false
@@ -157,7 +156,9 @@ func (l *lazyScope) get() *expr.Scope {
 
 // result is the scope's view of a finished step (Scope.TaskResult);
 // skipped steps read as status "skipped" with null status_code and body
-// (the seed's rule).
+// (the seed's rule). Only finished steps are kept in results, and a step
+// that finishes during the call (terminal, in Next) was not finished
+// before, so a kept result is never stale.
 func (l *lazyScope) result(name string) (expr.StepResult, bool) {
 	if r, ok := l.results[name]; ok {
 		return r, true
@@ -172,14 +173,6 @@ func (l *lazyScope) result(name string) (expr.StepResult, bool) {
 	}
 	l.results[name] = r
 	return r, true
-}
-
-// finished notes a step that became terminal during this call: its
-// result is made from its new state when it is read. (Only a step not
-// yet finished becomes terminal, and those are never kept in results;
-// the delete keeps that true should a step ever be decided again.)
-func (l *lazyScope) finished(name string) {
-	delete(l.results, name)
 }
 
 func needsTerminal(st *spec.Step, states map[string]StepState) bool {

@@ -11,6 +11,6 @@
 // commits that queue earlier work, locally or from other nodes (Postgres
 // NOTIFY); a slow safety-net tick covers lost wake-ups.
 //
-// It imports the engine, spec, expr, store, clock, status and step packages;
-// it must not import api, cli or web.
+// It imports the engine, spec, expr, store, clock, status, step and jsonenc
+// packages; it must not import api, cli or web.
 package runtime

@@ -746,7 +746,7 @@ func (s *Store) noneSkippedPart(until map[string]time.Time, fired []any, now tim
 	}
 	return part{key: stmtKey{"none skipped", "queue", 0}, args: []any{runs, dues, fired, ts(now), ts(now)}, what: "check the timers left", guard: 1,
 		text: func() string {
-			return `SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM queue q, unnest(CAST(? AS ` + s.cast(cText) + `[]), CAST(? AS ` + s.cast(cInt) + `[])) AS v(run, until) ` +
+			return `SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM queue q, (` + s.arrayRows([]string{cText, cInt}, []string{"run", "until"}) + `) AS v ` +
 				`WHERE q.run_id = v.run AND q.due_at <= v.until AND NOT (q.id = ANY(CAST(? AS ` + s.cast(cInt) + `[]))) AND ` + timersDue + `)`
 		}}
 }

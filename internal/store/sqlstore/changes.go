@@ -805,6 +805,18 @@ func (s *Store) stmt(k stmtKey, build func() string) string {
 	return q
 }
 
+// GeneratedStatements are the texts of the statements the store has
+// generated (its set-wise writes and their combinations) so far, for
+// tests and diagnostics: a test can have Postgres explain each.
+func (s *Store) GeneratedStatements() []string {
+	var out []string
+	s.stmts.Range(func(_, v any) bool {
+		out = append(out, v.(string))
+		return true
+	})
+	return out
+}
+
 // maxCachedStmts bounds the generated statements kept in memory.
 const maxCachedStmts = 4096
 
@@ -1108,9 +1120,16 @@ func (s *Store) cancelTaskIDs(ctx context.Context, tx querier, c *changeset, ids
 			args = append(args, ids[i], runs[i])
 		}
 	}
-	rows, err := tx.QueryContext(ctx, s.q(`UPDATE tasks SET status = 'cancelled', cancel_requested = TRUE, finished_at = ?, updated_at = ?, event_seq = event_seq + 1,
+	key := stmtKey{"cancel", "tasks", len(ids)}
+	if s.postgres() {
+		key.rows = 0 // one text for any number
+	}
+	q := s.stmt(key, func() string {
+		return `UPDATE tasks SET status = 'cancelled', cancel_requested = TRUE, finished_at = ?, updated_at = ?, event_seq = event_seq + 1,
 			events = CASE WHEN event_seq < ? THEN events || CAST(? AS TEXT) || CAST(event_seq + 1 AS TEXT) || CAST(? AS TEXT) ELSE events END
-		FROM `+from+` WHERE `+match+` AND tasks.status IN ('pending', 'leased') RETURNING tasks.id, tasks.event_seq`), args...)
+		FROM ` + from + ` WHERE ` + match + ` AND tasks.status IN ('pending', 'leased') RETURNING tasks.id, tasks.event_seq`
+	})
+	rows, err := tx.QueryContext(ctx, q, args...)
 	if err != nil {
 		return fmt.Errorf("cancel tasks: %w", err)
 	}

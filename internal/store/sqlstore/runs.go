@@ -383,8 +383,10 @@ func (s *Store) workflowsGuard(want map[string]wfState) PipeQuery {
 	for i, id := range ids {
 		idArgs[i], names[i], versions[i] = id, want[id].name, int64(want[id].version)
 	}
-	return PipeQuery{SQL: s.q(`SELECT CAST(CASE WHEN (SELECT count(*) FROM (SELECT 1 FROM workflows w JOIN (` + s.arrayRows([]string{cText, cText, cInt}, []string{"id", "name", "version"}) + `) AS v
-			ON w.id = v.id AND w.name = v.name AND w.version = v.version WHERE w.enabled AND w.deleted_at IS NULL ORDER BY w.id FOR SHARE OF w) l) = ? THEN '1' ELSE '` + guardFailed + `' END AS int)`),
+	return PipeQuery{SQL: s.stmt(stmtKey{"guard", "workflows", 0}, func() string {
+		return `SELECT CAST(CASE WHEN (SELECT count(*) FROM (SELECT 1 FROM workflows w JOIN (` + s.arrayRows([]string{cText, cText, cInt}, []string{"id", "name", "version"}) + `) AS v
+			ON w.id = v.id AND w.name = v.name AND w.version = v.version WHERE w.enabled AND w.deleted_at IS NULL ORDER BY w.id FOR SHARE OF w) l) = ? THEN '1' ELSE '` + guardFailed + `' END AS int)`
+	}),
 		Args: []any{idArgs, names, versions, int64(len(ids))}}
 }
 

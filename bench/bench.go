@@ -300,16 +300,21 @@ func start(ctx context.Context, o Options, handler worker.HandlerFunc) (*env, er
 
 func noop(context.Context, *worker.Task) (any, error) { return map[string]any{"ok": true}, nil }
 
+// countEvery: see waitDone.
+const countEvery = 10 * time.Second
+
 // waitDone waits until n runs of the workflow are finished. It counts
-// runs in the database (a count reads every run of the workflow) once per
-// second until the handlers have been called calls times, then every
-// 20 ms; the finish times reported come from the runs, not from when this
-// notices.
+// runs in the database (a count reads every run of the workflow) every
+// 20 ms once the handlers have been called calls times, and before that
+// only every countEvery, in case runs end without their handlers: a count
+// of 20,000 runs took Postgres ≈45 ms, ≈4 % of its statement time in
+// `jobs` when it counted every second. The finish times reported come
+// from the runs, not from when this notices.
 func (e *env) waitDone(ctx context.Context, workflowID string, n int, calls int64, timeout time.Duration) (int, error) {
 	deadline := time.Now().Add(timeout)
 	var counted time.Time
 	for {
-		if e.handled.Load() >= calls || time.Since(counted) >= time.Second {
+		if e.handled.Load() >= calls || time.Since(counted) >= countEvery {
 			counted = time.Now()
 			counts, err := e.st.CountRuns(ctx, workflowID)
 			if err != nil {

@@ -69,13 +69,23 @@ type Store struct {
 	closeOnce   sync.Once
 }
 
-// analyzeStatement refreshes the planner's statistics of the hot tables
-// (see Dialect.Analyze in Open for why these tables, columns and sample).
-const analyzeStatement = "SET LOCAL default_statistics_target = 10; ANALYZE " +
-	"runs (id, workflow_id, status, expires_at, idempotency_key), " +
-	"step_runs (run_id, name, position, callback_token), " +
-	"tasks (id, status, priority, run_at, created_at, type, lease_until, run_id, idempotency_key), " +
-	"queue (id, kind, run_id, due_at, lease_until)"
+// analyzeColumns are the columns the statistics refresh summarizes, by
+// table (see Dialect.Analyze in Open for why these columns and sample).
+var analyzeColumns = map[string]string{
+	"runs":      "runs (id, workflow_id, status, expires_at, idempotency_key)",
+	"step_runs": "step_runs (run_id, name, position, callback_token)",
+	"tasks":     "tasks (id, status, priority, run_at, created_at, type, lease_until, run_id, idempotency_key)",
+	"queue":     "queue (id, kind, run_id, due_at, lease_until)",
+}
+
+// analyzeStatement refreshes the planner's statistics of tables.
+func analyzeStatement(tables []string) string {
+	specs := make([]string, len(tables))
+	for i, t := range tables {
+		specs[i] = analyzeColumns[t]
+	}
+	return "SET LOCAL default_statistics_target = 10; ANALYZE " + strings.Join(specs, ", ")
+}
 
 // Open connects to the database at dsn (a postgres:// URL).
 //

@@ -494,56 +494,81 @@ func TestMaxConnsOption(t *testing.T) {
 	}
 }
 
-// TestStatisticsRefreshedAsTablesGrow: once a server has written a few
-// thousand rows into fresh tables it analyzes them itself, without waiting
-// for autovacuum's next look.
+// TestStatisticsRefreshedAsTablesGrow: the background ANALYZE follows
+// each hot table's own growth. A burst of sleeping runs (runs and queue
+// items, no tasks) refreshes runs and queue and leaves tasks alone: tasks
+// analyzed while it held a few rows had every later write of a batch of
+// tasks planned as a walk of the whole table (sqlstore's Store.grew).
+// Then the runs' tasks refresh tasks, summarizing only the columns plans
+// filter, join or order on.
 func TestStatisticsRefreshedAsTablesGrow(t *testing.T) {
 	s := openDSN(t, pgtest.DSN(t))
 	if err := s.Migrate(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	analyzed := func() bool {
+	analyzed := func(table string) bool {
 		var n int
 		err := s.DB().QueryRowContext(t.Context(), `SELECT COUNT(*) FROM pg_stat_user_tables
-			WHERE schemaname = current_schema() AND relname = 'tasks' AND (last_analyze IS NOT NULL OR last_autoanalyze IS NOT NULL)`).Scan(&n)
+			WHERE schemaname = current_schema() AND relname = $1 AND (last_analyze IS NOT NULL OR last_autoanalyze IS NOT NULL)`, table).Scan(&n)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return n > 0
 	}
-	if analyzed() {
-		t.Fatal("tasks was analyzed before anything was written")
+	waitAnalyzed := func(table, after string) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for !analyzed(table) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s was not analyzed within 30s of %s", table, after)
+			}
+			<-tick.C
+		}
+	}
+	for _, table := range []string{"runs", "tasks", "queue"} {
+		if analyzed(table) {
+			t.Fatalf("%s was analyzed before anything was written", table)
+		}
 	}
 	wf, err := s.CreateWorkflow(t.Context(), &store.Workflow{Name: "wf", Fingerprint: "f", Definition: json.RawMessage(`{}`), Enabled: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	var nrs []*store.NewRun
-	// A run and a task each, 2,200 rows: the step is kept in its run's
-	// row and the task's created event in the task's, which the refresh
-	// does not count (changeset.newRows).
-	for range 1100 {
-		nrs = append(nrs, &store.NewRun{
-			Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), StartedAt: now, ExpiresAt: now.Add(time.Hour)},
-			Steps: []*store.StepRun{{Name: "a", Type: "task", Status: status.StepRunning}},
-			Tasks: []*store.Task{{Type: "stats.x.v1", Payload: json.RawMessage(`{}`), Priority: 100, RunAt: now, Step: "a"}},
-		})
-	}
-	if _, err := s.CreateRuns(t.Context(), nrs, now); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for !analyzed() {
-		if time.Now().After(deadline) {
-			t.Fatal("tasks was not analyzed within 30s of 2,200 rows written")
+	create := func(n int, withTask bool) {
+		t.Helper()
+		var nrs []*store.NewRun
+		for range n {
+			nr := &store.NewRun{
+				Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), StartedAt: now, ExpiresAt: now.Add(time.Hour)},
+				Steps: []*store.StepRun{{Name: "a", Type: "task", Status: status.StepRunning}},
+			}
+			if withTask {
+				nr.Tasks = []*store.Task{{Type: "stats.x.v1", Payload: json.RawMessage(`{}`), Priority: 100, RunAt: now, Step: "a"}}
+			} else {
+				nr.Steps[0].Type, nr.Steps[0].Status = "sleep", status.StepSleeping
+				nr.Queue = []store.QueueItem{{Kind: store.KindWake, Step: "a", DueAt: now.Add(time.Hour)}}
+			}
+			nrs = append(nrs, nr)
 		}
-		<-tick.C
+		if _, err := s.CreateRuns(t.Context(), nrs, now); err != nil {
+			t.Fatal(err)
+		}
 	}
-	// Only the columns plans filter, join or order on are summarized:
-	// the wide ones cost the most to analyze and no plan reads them.
+	// 1,100 sleepers: 1,100 runs and 1,100 queue items, each table past
+	// the floor of 1,000 new rows; their steps stay in their run's rows.
+	create(1100, false)
+	waitAnalyzed("runs", "1,100 runs written")
+	waitAnalyzed("queue", "1,100 queue items written")
+	if analyzed("tasks") {
+		t.Fatal("tasks was analyzed with no task written")
+	}
+	// 1,100 runs of a task each: tasks passes its floor; runs, at 2,200,
+	// has doubled since its refresh.
+	create(1100, true)
+	waitAnalyzed("tasks", "1,100 tasks written")
 	got := strs(t, s.DB(), `SELECT attname FROM pg_stats WHERE schemaname = current_schema() AND tablename = 'tasks' ORDER BY attname`)
 	for _, col := range []string{"status", "run_at", "lease_until", "type"} {
 		if !slices.Contains(got, col) {

@@ -195,14 +195,15 @@ func (c *changeset) eventRows() [][]any {
 	return rows
 }
 
-// newRows is about how many rows c inserts into the tables the
-// background ANALYZE covers (Store.grew): runs, step rows (new ones, and
-// steps leaving their run's row, which flush counts into stepsOut),
-// tasks and queue items. Events are not counted: they go to their task's
-// or run's row or to the events table, which is not analyzed, and
-// counting them made the refresh run more often than those tables grew.
-func (c *changeset) newRows() int {
-	return len(c.newRuns) + len(c.newSteps) + c.stepsOut + len(c.newTasks) + len(c.queue)
+// newRows is about how many rows c inserts into each table the
+// background ANALYZE covers (Store.grew, in AnalyzeTables' order): runs,
+// step rows (new ones, and steps leaving their run's row, which flush
+// counts into stepsOut), tasks and queue items. Events are not counted:
+// they go to their task's or run's row or to the events table, which is
+// not analyzed, and counting them made the refresh run more often than
+// those tables grew.
+func (c *changeset) newRows() [len(AnalyzeTables)]int {
+	return [...]int{len(c.newRuns), len(c.newSteps) + c.stepsOut, len(c.newTasks), len(c.queue)}
 }
 
 // A row of the events table packs at most packEvents events, and stops

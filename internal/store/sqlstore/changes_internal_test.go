@@ -50,21 +50,22 @@ func TestChangesetKeepsEachRowOnce(t *testing.T) {
 }
 
 // TestNewRowsCountsRowsNotEvents: what a changeset counts towards the
-// background ANALYZE is the rows it inserts into the tables it analyzes:
-// a run and its task are two whatever events they carry, and step rows,
-// steps written out of their run's row and queue items add theirs.
+// background ANALYZE is the rows it inserts into each table it analyzes:
+// a run and its task are one of each whatever events they carry, and step
+// rows, steps written out of their run's row and queue items count for
+// their tables.
 func TestNewRowsCountsRowsNotEvents(t *testing.T) {
 	c := &changeset{newRuns: [][]any{{"r"}}, newTasks: []*store.Task{{ID: "k"}}}
 	for seq := int64(1); seq <= 10; seq++ {
 		c.events = append(c.events, eventRow{owner: "k", seq: seq, cap: taskRowEvents}, eventRow{owner: "r", seq: seq, cap: runRowEvents})
 	}
-	if got := c.newRows(); got != 2 {
-		t.Errorf("a run and a task with ten events each: %d rows, want 2", got)
+	if got, want := c.newRows(), [len(AnalyzeTables)]int{1, 0, 1, 0}; got != want {
+		t.Errorf("a run and a task with ten events each: %v rows (%v), want %v", got, AnalyzeTables, want)
 	}
 	c.newSteps = []*store.StepRun{{RunID: "r", Name: "a"}}
 	c.stepsOut = 2
 	c.queue = []store.QueueItem{{Kind: store.KindWake, RunID: "r", Step: "b"}}
-	if got := c.newRows(); got != 6 {
-		t.Errorf("with a step row, two steps out of the run's row and a queue item: %d rows, want 6", got)
+	if got, want := c.newRows(), [len(AnalyzeTables)]int{1, 3, 1, 1}; got != want {
+		t.Errorf("with a step row, two steps out of the run's row and a queue item: %v rows (%v), want %v", got, AnalyzeTables, want)
 	}
 }

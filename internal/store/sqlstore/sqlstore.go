@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,9 +41,10 @@ type Dialect struct {
 	// RowVersion is an expression on runs r that changes whenever the row
 	// is written (Postgres: r.xmin::text); set, it enables EnableVersionCache.
 	RowVersion string
-	// Analyze, when set, refreshes the planner's statistics of the hot
-	// tables (see Store.grew).
-	Analyze string
+	// Analyze, when set, is the statement that refreshes the planner's
+	// statistics of the hot tables given (each an entry of AnalyzeTables)
+	// (see Store.grew).
+	Analyze func(tables []string) string
 	// Pipeline, when set, sends statements on conn in one round trip and
 	// reads their results in order (see pipeline.go).
 	Pipeline func(ctx context.Context, conn *sql.Conn, qs []PipeQuery) error
@@ -77,8 +79,8 @@ type Store struct {
 	tcache  *taskCache    // Postgres: the tasks this store leased, by row version
 	hook    atomic.Pointer[func(store.Committed)]
 
-	written    atomic.Int64 // rows this server wrote
-	analyzedAt atomic.Int64 // written at the last ANALYZE
+	written    [len(AnalyzeTables)]atomic.Int64 // rows this server inserted, by table
+	analyzedAt [len(AnalyzeTables)]atomic.Int64 // written at the table's last ANALYZE
 	analyzing  atomic.Bool
 	bgMu       sync.Mutex // orders bg.Add before Close's bg.Wait
 	closing    bool
@@ -140,38 +142,71 @@ func (s *Store) committed(cs *changeset) {
 	}
 }
 
-// analyzeFloor is the fewest new rows that make a fresh ANALYZE worth it.
-const analyzeFloor = 2000
+// AnalyzeTables are the tables the background ANALYZE refreshes (see
+// Store.grew), in the order changeset.newRows counts their rows.
+var AnalyzeTables = [...]string{"runs", "step_runs", "tasks", "queue"}
 
-// grew counts rows this server wrote and, once they at least double what
-// the last ANALYZE saw (and number analyzeFloor or more), analyzes the hot
-// tables in the background. Postgres's autovacuum looks only once a minute:
-// a fresh database filled in seconds kept the statistics of its empty
-// tables, and the planner sorted whole tables where an index walk would do
-// (a claim took 8 ms instead of a fraction of one).
-func (s *Store) grew(n int) {
-	if s.d.Analyze == "" || n == 0 {
+// analyzeFloor is the fewest new rows of a table that make a fresh
+// ANALYZE of it worth it.
+const analyzeFloor = 1000
+
+// grew counts the rows this server inserted into each hot table and,
+// once a table's at least double what its last ANALYZE saw (and number
+// analyzeFloor or more), analyzes it in the background, with any other
+// table due. Postgres's autovacuum looks only once a minute: a fresh
+// database filled in seconds kept the statistics of its empty tables,
+// and the planner sorted whole tables where an index walk would do (a
+// claim took 8 ms instead of a fraction of one).
+//
+// Each table on its own count: the refresh used to follow the rows of
+// all four, so a burst of sleeping runs (runs and queue items) analyzed
+// tasks while it held a few rows, and the ten thousand tasks their
+// wake-ups then wrote were not enough to refresh it again. Planned on
+// those statistics, while the table was a page or two, a write's generic
+// plan walked every task for each batch (UPDATE … FROM the batch's
+// arrays, with the tasks as the outer side), and kept doing so as the
+// table grew: reports and claims took 160–460 ms each and a `sleep`
+// run took 86 s instead of 4 (twenty-third pass). A table analyzed at
+// analyzeFloor rows or more plans its batches' writes as lookups by key.
+func (s *Store) grew(n [len(AnalyzeTables)]int) {
+	if s.d.Analyze == nil {
 		return
 	}
-	total := s.written.Add(int64(n))
-	last := s.analyzedAt.Load()
-	if total-last < max(analyzeFloor, last) || !s.analyzing.CompareAndSwap(false, true) {
+	var due []string
+	var totals [len(AnalyzeTables)]int64
+	for i, k := range n {
+		if k == 0 {
+			continue
+		}
+		totals[i] = s.written[i].Add(int64(k))
+		last := s.analyzedAt[i].Load()
+		if totals[i]-last >= max(analyzeFloor, last) {
+			due = append(due, AnalyzeTables[i])
+		}
+	}
+	if len(due) == 0 || !s.analyzing.CompareAndSwap(false, true) {
 		return
 	}
 	s.bgMu.Lock()
 	defer s.bgMu.Unlock()
 	if s.closing {
+		s.analyzing.Store(false)
 		return
 	}
-	s.analyzedAt.Store(total)
+	for i, t := range AnalyzeTables {
+		if slices.Contains(due, t) {
+			s.analyzedAt[i].Store(totals[i])
+		}
+	}
+	q := s.d.Analyze(due)
 	s.bg.Add(1)
 	go func() {
 		defer s.bg.Done()
 		defer s.analyzing.Store(false)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if _, err := s.w.ExecContext(ctx, s.d.Analyze); err != nil {
-			slog.Warn("refreshing planner statistics failed", "err", err)
+		if _, err := s.w.ExecContext(ctx, q); err != nil {
+			slog.Warn("refreshing planner statistics failed", "tables", due, "err", err)
 		}
 	}()
 }

@@ -314,7 +314,7 @@ func (e *env) waitDone(ctx context.Context, workflowID string, n int, calls int6
 	deadline := time.Now().Add(timeout)
 	var counted time.Time
 	for {
-		if e.handled.Load() >= calls || time.Since(counted) >= countEvery {
+		if e.handled.Load() >= calls || time.Since(counted) >= countEvery || time.Now().After(deadline) {
 			counted = time.Now()
 			counts, err := e.st.CountRuns(ctx, workflowID)
 			if err != nil {

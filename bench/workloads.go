@@ -157,13 +157,16 @@ func (e *env) drive(ctx context.Context, o Options, name, def string, stepsPerRu
 		e.settings["trigger_clients"] = jobsBatchClients
 		e.settings["trigger_batch"] = jobsBatch
 	}
+	// The handlers' calls so far, before the triggers: with the workers
+	// already running, some of this workload's are made while it triggers.
+	calls := e.handled.Load() + int64(o.N*tasksPerRun)
 	if err := trigger(ctx, wfName, o.N); err != nil {
 		return Result{}, nil, err
 	}
 	if drainAfter {
 		e.startWorkers()
 	}
-	completed, err := e.waitDone(ctx, id, o.N, e.handled.Load()+int64(o.N*tasksPerRun), o.Timeout)
+	completed, err := e.waitDone(ctx, id, o.N, calls, o.Timeout)
 	if err != nil {
 		return Result{}, nil, err
 	}

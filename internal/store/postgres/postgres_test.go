@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"slices"
 	"strconv"
@@ -109,7 +110,9 @@ func checkNoFunctionScans(t *testing.T, probe *postgres.Store, stores []*postgre
 			}
 		}
 	}
-	if projectSets == 0 {
+	// Only a run of the whole suite is sure to write batches (a run of
+	// some of its tests, -run 'TestConformance/…', may write none).
+	if f := flag.Lookup("test.run"); projectSets == 0 && (f == nil || !strings.Contains(f.Value.String(), "/")) {
 		t.Errorf("none of the %d generated statements unnests arrays in a ProjectSet", len(seen))
 	}
 }
@@ -506,10 +509,12 @@ func TestStatisticsRefreshedAsTablesGrow(t *testing.T) {
 	if err := s.Migrate(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+	// Ferry's own refresh only (last_analyze): one of autovacuum's would
+	// summarize every column and hide which tables the store refreshed.
 	analyzed := func(table string) bool {
 		var n int
 		err := s.DB().QueryRowContext(t.Context(), `SELECT COUNT(*) FROM pg_stat_user_tables
-			WHERE schemaname = current_schema() AND relname = $1 AND (last_analyze IS NOT NULL OR last_autoanalyze IS NOT NULL)`, table).Scan(&n)
+			WHERE schemaname = current_schema() AND relname = $1 AND last_analyze IS NOT NULL`, table).Scan(&n)
 		if err != nil {
 			t.Fatal(err)
 		}

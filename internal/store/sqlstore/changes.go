@@ -489,7 +489,7 @@ type part struct {
 
 // updateParts are UPDATE … FROM (VALUES …) statements for rows, at most 128
 // rows each, in power-of-two sizes. On Postgres it is one UPDATE … FROM
-// unnest(…) of one array per column, whatever the number of rows: one
+// (arrayRows) of one array per column, whatever the number of rows: one
 // statement text per table, so each connection prepares it once and the
 // planner plans a handful of parameters instead of thousands (planning the
 // VALUES form took ≈0.5 ms per statement there).

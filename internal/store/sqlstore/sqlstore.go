@@ -172,19 +172,14 @@ func (s *Store) grew(n [len(AnalyzeTables)]int) {
 	if s.d.Analyze == nil {
 		return
 	}
-	var due []string
-	var totals [len(AnalyzeTables)]int64
+	wrote := false
 	for i, k := range n {
-		if k == 0 {
-			continue
-		}
-		totals[i] = s.written[i].Add(int64(k))
-		last := s.analyzedAt[i].Load()
-		if totals[i]-last >= max(analyzeFloor, last) {
-			due = append(due, AnalyzeTables[i])
+		if k > 0 {
+			s.written[i].Add(int64(k))
+			wrote = true
 		}
 	}
-	if len(due) == 0 || !s.analyzing.CompareAndSwap(false, true) {
+	if !wrote || len(s.dueTables()) == 0 || !s.analyzing.CompareAndSwap(false, true) {
 		return
 	}
 	s.bgMu.Lock()
@@ -193,22 +188,59 @@ func (s *Store) grew(n [len(AnalyzeTables)]int) {
 		s.analyzing.Store(false)
 		return
 	}
-	for i, t := range AnalyzeTables {
-		if slices.Contains(due, t) {
-			s.analyzedAt[i].Store(totals[i])
-		}
-	}
-	q := s.d.Analyze(due)
 	s.bg.Add(1)
 	go func() {
 		defer s.bg.Done()
-		defer s.analyzing.Store(false)
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if _, err := s.w.ExecContext(ctx, q); err != nil {
-			slog.Warn("refreshing planner statistics failed", "tables", due, "err", err)
+		// Tables that came due while an ANALYZE ran are refreshed
+		// next, not left until they grow again: a burst of tasks that
+		// ends during the refresh of runs would otherwise keep the
+		// statistics this refresh exists for.
+		for {
+			s.bgMu.Lock()
+			closing := s.closing
+			s.bgMu.Unlock()
+			due := s.dueTables()
+			if closing || len(due) == 0 {
+				s.analyzing.Store(false)
+				// A write that saw analyzing set may have made a
+				// table due after the read above.
+				if closing || len(s.dueTables()) == 0 || !s.analyzing.CompareAndSwap(false, true) {
+					return
+				}
+				continue
+			}
+			s.analyze(due)
 		}
 	}()
+}
+
+// dueTables are the tables (of AnalyzeTables) whose inserted rows have
+// at least doubled since their last ANALYZE and number analyzeFloor or
+// more.
+func (s *Store) dueTables() []string {
+	var due []string
+	for i, t := range AnalyzeTables {
+		w, last := s.written[i].Load(), s.analyzedAt[i].Load()
+		if w-last >= max(analyzeFloor, last) {
+			due = append(due, t)
+		}
+	}
+	return due
+}
+
+// analyze refreshes the statistics of tables, recording the rows written
+// to each as of now as analyzed.
+func (s *Store) analyze(tables []string) {
+	for i, t := range AnalyzeTables {
+		if slices.Contains(tables, t) {
+			s.analyzedAt[i].Store(s.written[i].Load())
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := s.w.ExecContext(ctx, s.d.Analyze(tables)); err != nil {
+		slog.Warn("refreshing planner statistics failed", "tables", tables, "err", err)
+	}
 }
 
 // New builds a Store from a writer and a reader pool (they may be the same).

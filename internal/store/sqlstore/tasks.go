@@ -408,13 +408,30 @@ func (s *Store) claimableOrNext(ctx context.Context, filter string, fargs []any,
 // each read through its own partial index. Only moments after now: a
 // task that is already claimable is not "next" (a claim would have
 // taken it).
+//
+// The pending tasks' index is in claim order, priority first, so the
+// earliest run_at is taken priority by priority: pendingPriorities skips
+// from one priority to the next (an index descent each), and for each
+// the first future task of a matching type is a descent and a short
+// walk. A MIN(run_at) over the whole index read every pending task, and
+// on Postgres, as a bitmap scan, checked each in the table, dead ones
+// too: 8.9 ms and 872 buffers with 50,000 tasks scheduled ahead, against
+// 0.26 ms and 17 buffers (twenty-third pass); ≈34 ms at the end of
+// fanout.
 func nextDue(filter string, fargs []any, now int64) ([2]string, []any) {
 	args := append(append([]any{now}, fargs...), now)
 	return [2]string{
-		`SELECT MIN(run_at) FROM tasks WHERE status = 'pending' AND run_at > ? AND ` + filter + ` AND ` + notDisabled,
+		pendingPriorities + ` SELECT MIN((SELECT run_at FROM tasks WHERE status = 'pending' AND priority = pr.p AND run_at > ? AND ` + filter + ` AND ` + notDisabled +
+			` ORDER BY run_at LIMIT 1)) FROM pr WHERE pr.p IS NOT NULL`,
 		`SELECT MIN(lease_until) FROM tasks WHERE status = 'leased' AND lease_until > ? AND ` + filter + ` AND ` + notDisabled,
 	}, append(args, fargs...)
 }
+
+// pendingPriorities is a WITH clause naming pr(p) the distinct
+// priorities of pending tasks in order, each found by an index descent
+// past the one before (the last row's p is NULL).
+const pendingPriorities = `WITH RECURSIVE pr(p) AS (SELECT (SELECT priority FROM tasks WHERE status = 'pending' ORDER BY priority LIMIT 1)
+	UNION ALL SELECT (SELECT priority FROM tasks WHERE status = 'pending' AND priority > pr.p ORDER BY priority LIMIT 1) FROM pr WHERE pr.p IS NOT NULL)`
 
 // earliest is the earlier of two optional moments.
 func earliest(a, b sql.NullInt64) (time.Time, bool) {

@@ -31,6 +31,7 @@ var taskTests = []test{
 	{"FinishedNeverClaimed", testTaskFinishedNeverClaimed},
 	{"ConcurrentClaimsExactlyOnce", testTaskClaimConcurrent},
 	{"NextTaskDue", testNextTaskDue},
+	{"NextTaskDueAcrossPriorities", testNextTaskDueAcrossPriorities},
 	{"ClaimOrNextReadsNextDue", testClaimOrNext},
 	{"InTaskStandalone", testInTaskStandalone},
 	{"InTaskOfRun", testInTaskOfRun},
@@ -666,6 +667,68 @@ func testNextTaskDue(t *testing.T, s store.Store) {
 	// Later, the lease end has passed too: the next is the 50s run_at.
 	check("after the lease end", []string{"billing.%"}, at(45*time.Second), at(50*time.Second), true)
 	check("after everything", []string{"billing.%"}, at(time.Hour), time.Time{}, false)
+}
+
+// testNextTaskDueAcrossPriorities: the next due moment is the earliest
+// over every priority (the stores read it priority by priority): a more
+// urgent task due later does not hide a less urgent one due sooner, a
+// priority whose tasks are all of other types, disabled, past due or
+// finished is passed over, and a claim that finds nothing reads the same.
+func testNextTaskDueAcrossPriorities(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	task := func(typ string, priority int, runAt time.Time) *store.Task {
+		k := newTask(typ, runAt)
+		k.Priority = priority
+		return mkTask(t, s, k, t0)
+	}
+	_, err := s.PutTaskType(ctx, &store.TaskType{Type: "billing.off.v1", Enabled: false})
+	must(t, err, "PutTaskType")
+	task("billing.a.v1", 10, at(70*time.Second))
+	task("other.a.v1", 20, at(5*time.Second))
+	task("billing.off.v1", 30, at(6*time.Second))
+	task("billing.b.v1", 40, at(-time.Minute))
+	done := task("billing.c.v1", 50, at(7*time.Second))
+	setTask(t, s, done.ID, t0, func(k *store.Task) { k.Status = status.TaskCancelled })
+	task("billing.d.v1", 500, at(30*time.Second))
+	task("billing.e.v1", 500, at(90*time.Second))
+	task("billing.f.v1", 900, at(60*time.Second))
+	for _, c := range []struct {
+		what     string
+		patterns []string
+		now      time.Time
+		want     time.Time
+		ok       bool
+	}{
+		{"the least urgent priority's earlier task", []string{"billing.%"}, t0, at(30 * time.Second), true},
+		{"another type, alone in its priority", []string{"other.%"}, t0, at(5 * time.Second), true},
+		{"both types", []string{"billing.%", "other.%"}, t0, at(5 * time.Second), true},
+		{"later: the next of each priority", []string{"billing.%"}, at(40 * time.Second), at(60 * time.Second), true},
+		{"later still", []string{"billing.%"}, at(75 * time.Second), at(90 * time.Second), true},
+		{"after everything", []string{"billing.%"}, at(time.Hour), time.Time{}, false},
+	} {
+		got, ok, err := s.NextTaskDue(ctx, c.patterns, c.now)
+		must(t, err, "NextTaskDue "+c.what)
+		if ok != c.ok || (ok && !got.Equal(c.want)) {
+			t.Errorf("NextTaskDue %s = %v, ok=%v; want %v, ok=%v", c.what, got, ok, c.want, c.ok)
+		}
+	}
+	// A claim of other.% at t0 finds nothing due (its task is 5 s ahead)
+	// and reads the same moment (the store may first claim without
+	// reading, right after a claim that got all it asked for).
+	for try := 0; try < 2; try++ {
+		cl, err := s.ClaimOrNext(ctx, store.ClaimTasks{Patterns: []string{"other.%"}, WorkerID: "w", Lease: time.Minute, Max: 1, Now: t0})
+		must(t, err, "ClaimOrNext")
+		if len(cl.Tasks) != 0 {
+			t.Fatalf("ClaimOrNext claimed %s, want nothing", cl.Tasks[0].ID)
+		}
+		if cl.NextRead {
+			if !cl.NextOK || !cl.Next.Equal(at(5*time.Second)) {
+				t.Errorf("ClaimOrNext read next %v, ok=%v; want %v", cl.Next, cl.NextOK, at(5*time.Second))
+			}
+			return
+		}
+	}
+	t.Error("ClaimOrNext never read when the next task is due")
 }
 
 // testClaimOrNext: a claim that finds nothing claimable may say when a

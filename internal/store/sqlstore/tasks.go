@@ -412,12 +412,16 @@ func (s *Store) claimableOrNext(ctx context.Context, filter string, fargs []any,
 // The pending tasks' index is in claim order, priority first, so the
 // earliest run_at is taken priority by priority: pendingPriorities skips
 // from one priority to the next (an index descent each), and for each
-// the first future task of a matching type is a descent and a short
-// walk. A MIN(run_at) over the whole index read every pending task, and
-// on Postgres, as a bitmap scan, checked each in the table, dead ones
-// too: 8.9 ms and 872 buffers with 50,000 tasks scheduled ahead, against
-// 0.26 ms and 17 buffers (twenty-third pass); ≈34 ms at the end of
-// fanout.
+// the first future task of a matching type is a descent and a walk in
+// run_at order. A MIN(run_at) over the whole index read every pending
+// task, and on Postgres, as a bitmap scan, checked each in the table,
+// dead ones too: ≈9 ms and 910 buffers with 50,000 tasks of the
+// worker's types scheduled ahead, against 0.3–0.9 ms and 17 buffers
+// (twenty-third pass); ≈34 ms at the end of fanout. The walk is long
+// when the worker's types are rare among the tasks ahead in a priority
+// (type is not in the index, so each is read from the table): 25–36 ms
+// against 14–20 for 50,000 tasks of another type, the one case this
+// made slower (docs/performance.md, plan item 8).
 func nextDue(filter string, fargs []any, now int64) ([2]string, []any) {
 	args := append(append([]any{now}, fargs...), now)
 	return [2]string{

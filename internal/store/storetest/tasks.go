@@ -699,7 +699,7 @@ func testNextTaskDueAcrossPriorities(t *testing.T, s store.Store) {
 		want     time.Time
 		ok       bool
 	}{
-		{"the least urgent priority's earlier task", []string{"billing.%"}, t0, at(30 * time.Second), true},
+		{"a less urgent priority's earlier task", []string{"billing.%"}, t0, at(30 * time.Second), true},
 		{"another type, alone in its priority", []string{"other.%"}, t0, at(5 * time.Second), true},
 		{"both types", []string{"billing.%", "other.%"}, t0, at(5 * time.Second), true},
 		{"later: the next of each priority", []string{"billing.%"}, at(40 * time.Second), at(60 * time.Second), true},

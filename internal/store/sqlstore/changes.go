@@ -315,13 +315,15 @@ func (c *changeset) newRun(nr *store.NewRun, now time.Time, short bool) error {
 	if err := c.addEvents(r.ID, runEvents(len(nr.Steps), short), &seq, now, nr.Events); err != nil {
 		return err
 	}
-	for _, st := range nr.Steps {
+	var inBuf [16]bool
+	in := packedIn(nr.Steps, short, nil, inBuf[:])
+	for i, st := range nr.Steps {
 		st.RunID = r.ID
-		if !packable(st, short) {
+		if !in[i] {
 			c.newSteps = append(c.newSteps, st)
 		}
 	}
-	c.newRuns = append(c.newRuns, []any{r.ID, r.WorkflowID, r.Version, r.Status, string(r.Input), string(headers), nullStr(r.IdempotencyKey), r.Error, seq, ts(r.ExpiresAt), ts(r.StartedAt), tsPtr(r.FinishedAt), ts(now), packSteps(nr.Steps, short)})
+	c.newRuns = append(c.newRuns, []any{r.ID, r.WorkflowID, r.Version, r.Status, string(r.Input), string(headers), nullStr(r.IdempotencyKey), r.Error, seq, ts(r.ExpiresAt), ts(r.StartedAt), tsPtr(r.FinishedAt), ts(now), packSteps(nr.Steps, in)})
 	for _, it := range nr.Queue {
 		if it.Kind == store.KindRunExpire {
 			return fmt.Errorf("run %s: %w", r.ID, store.ErrExpiryNotQueued)
@@ -974,12 +976,13 @@ func (s *Store) flushParts(c *changeset) ([]part, func() []part) {
 	}
 	var stepRows, upserts, moved [][]any
 	var runRows, seqOnly [][]any
+	var inBuf [16]bool
 	for _, r := range c.runs {
-		short := s.shortRun(len(r.steps))
 		committed := r.committedSteps(written)
+		in := packedIn(committed, s.shortRun(len(r.steps)), r.base, inBuf[:])
 		var placed map[string]bool
-		for _, st := range committed {
-			was, now := r.inRow[st.Name], packable(st, short)
+		for i, st := range committed {
+			was, now := r.inRow[st.Name], in[i]
 			switch {
 			case now:
 				if placed == nil {
@@ -999,7 +1002,7 @@ func (s *Store) flushParts(c *changeset) ([]part, func() []part) {
 			c.placed = make(map[string]map[string]bool, len(c.runs))
 		}
 		c.placed[r.run.ID] = placed
-		packed, forms := packStepsMemo(committed, short, r.base)
+		packed, forms := packStepsMemo(committed, in, r.base)
 		if forms != nil {
 			if c.packed == nil {
 				c.packed = make(map[string][]string, len(c.runs))

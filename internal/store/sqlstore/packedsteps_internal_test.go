@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -63,7 +64,7 @@ func TestPackedStepsRoundTrip(t *testing.T) {
 				want = append(want, b)
 			}
 		}
-		packed := packSteps(steps, true)
+		packed := packSteps(steps, packedIn(steps, true, nil, nil))
 		got, all, err := unpackSteps("r", packed)
 		if err != nil {
 			t.Fatalf("unpack: %v\n%s", err, packed)
@@ -183,8 +184,8 @@ func TestPackedStepsMemoMatchesPacking(t *testing.T) {
 			}
 			rt := &runTx{run: &e.run, base: e}
 			committed := rt.committedSteps(written)
-			got, forms := packStepsMemo(committed, short, e)
-			if want := packSteps(committed, short); got != want {
+			got, forms := packStepsMemo(committed, packedIn(committed, short, e, nil), e)
+			if want := packSteps(committed, packedIn(committed, short, nil, nil)); got != want {
 				t.Fatalf("write %d: row %q, want %q", w, got, want)
 			}
 			if (forms != nil) != (n >= packedMemoSteps) {
@@ -207,4 +208,28 @@ func TestPackedStepsMemoMatchesPacking(t *testing.T) {
 			e = next
 		}
 	})
+}
+
+// BenchmarkPackChainStep measures what a write of one step of a ten-step
+// run costs in packing the run's row: which steps the row keeps and their
+// JSON, the other nine taken from the cache entry.
+func BenchmarkPackChainStep(b *testing.B) {
+	e := &cachedRun{run: store.Run{ID: "r"}, steps: make([]store.StepRun, 10)}
+	at := time.Unix(1700000000, 0).UTC()
+	for i := range e.steps {
+		e.steps[i] = store.StepRun{RunID: "r", Name: "s" + strconv.Itoa(i), Position: i, Type: "task", Status: "success", Attempt: 1, Request: []byte(`{"task_id":"0194a3c1-8b7e-7c2a-9f10-3b2d4c5e6f70","type":"bench.noop.v1"}`), Body: []byte(`{"ok":true}`), StartedAt: &at, FinishedAt: &at}
+	}
+	rt := &runTx{run: &e.run, base: e}
+	_, e.packed = packStepsMemo(rt.committedSteps(nil), packedIn(rt.committedSteps(nil), true, e, nil), e)
+	st := e.steps[9]
+	st.Status = "running"
+	written := map[[2]string]*store.StepRun{stepKey(&st): &st}
+	var buf [16]bool
+	b.ReportAllocs()
+	for b.Loop() {
+		committed := rt.committedSteps(written)
+		if packed, _ := packStepsMemo(committed, packedIn(committed, true, e, buf[:]), e); packed == "" {
+			b.Fatal("nothing packed")
+		}
+	}
 }

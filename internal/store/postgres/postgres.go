@@ -132,6 +132,7 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 		Dollar:          true,
 		LockRun:         " FOR UPDATE",
 		SkipLocked:      " FOR UPDATE SKIP LOCKED",
+		Lateral:         true,
 		ShareLock:       " FOR SHARE",
 		IsUnique:        isUnique,
 		MigrationLock:   "SELECT pg_advisory_lock(7244917)",

@@ -31,6 +31,11 @@ type Dialect struct {
 	LockRun string
 	// SkipLocked is appended to the claim sub-select.
 	SkipLocked string
+	// Lateral says the database joins LATERAL subqueries: a claim then
+	// walks the due pending tasks priority by priority in one (see
+	// Store.duePending); without it (SQLite) as an IN over the
+	// priorities, which SQLite walks in the index's order.
+	Lateral bool
 	// ShareLock is appended to reads that must hold a row unchanged until
 	// the transaction ends (Postgres: FOR SHARE; SQLite has one writer).
 	ShareLock string

@@ -260,16 +260,54 @@ func (s *Store) ClaimOrNext(ctx context.Context, req store.ClaimTasks) (store.Cl
 // locking (SKIP LOCKED, where the database has it) and reading whole up
 // to req.Max candidates.
 func (s *Store) claimReads(req store.ClaimTasks, filter string, fargs []any) []PipeQuery {
-	var qs []PipeQuery
-	for _, walk := range []string{
-		`status = 'pending' AND run_at <= ? AND ` + filter + ` AND ` + notDisabled + ` ORDER BY priority, run_at, created_at`,
-		// Leases that ran out: found through tasks_lease, which holds
-		// only leased tasks, then sorted (they are few).
-		`status = 'leased' AND lease_until <= ? AND ` + filter + ` AND ` + notDisabled + ` ORDER BY priority, run_at, created_at`,
-	} {
-		qs = append(qs, PipeQuery{SQL: s.q(`SELECT ` + taskCols + `, event_seq FROM tasks WHERE ` + walk + ` LIMIT ?` + s.d.SkipLocked), Args: append(append([]any{ts(req.Now)}, fargs...), req.Max)})
+	now := ts(req.Now)
+	due, dueArgs := s.duePending(taskCols+`, event_seq`, filter, fargs, now, req.Max, true)
+	// Leases that ran out: found through tasks_lease, which holds only
+	// leased tasks, then sorted (they are few).
+	return []PipeQuery{
+		{SQL: s.q(due), Args: dueArgs},
+		{SQL: s.q(`SELECT ` + taskCols + `, event_seq FROM tasks WHERE status = 'leased' AND lease_until <= ? AND ` + filter + ` AND ` + notDisabled + ` ORDER BY priority, run_at, created_at LIMIT ?` + s.d.SkipLocked), Args: append(append([]any{now}, fargs...), req.Max)},
 	}
-	return qs
+}
+
+// ClaimReads are the statements a claim of req reads its candidates with
+// (see claimReads), for tests of their plans.
+func (s *Store) ClaimReads(req store.ClaimTasks) []PipeQuery {
+	filter, fargs := s.typeFilter(req.Patterns)
+	return s.claimReads(req, filter, fargs)
+}
+
+// duePending is a statement that selects cols of the pending tasks of
+// these types (filter) due at now, in claim order, at most limit of them,
+// locking them if lock (where the database locks rows: SKIP LOCKED), and
+// its arguments.
+//
+// The pending tasks' index is in claim order, priority first, so within a
+// priority the due tasks come first and the ones scheduled ahead after
+// them. One walk of the index in that order went through every task
+// scheduled ahead in a priority before it reached the next, whenever it
+// found fewer than limit due: a claim of 5 due tasks among 200,000
+// scheduled ahead took 6 ms (Postgres, 994 buffers) and 22 ms (SQLite),
+// and so did the check that nothing is claimable (claimableOrNext).
+// Instead the priorities are skipped through (pendingPriorities) and each
+// is walked over its due tasks alone (priority = p AND run_at <= now, an
+// index range): 0.2 ms and 16 buffers, 0.6 ms. Postgres does it as a
+// lateral join that stops at limit (the priorities come in order, each
+// one's tasks in order); SQLite, which has no LATERAL, as an IN over the
+// priorities on the index's first column, which it walks value by value
+// in order without a sort.
+func (s *Store) duePending(cols, filter string, fargs []any, now int64, limit int, lock bool) (string, []any) {
+	args := append(append([]any{now}, fargs...), limit)
+	if s.d.Lateral {
+		locking := ""
+		if lock {
+			locking = s.d.SkipLocked
+		}
+		return pendingPriorities + ` SELECT t.* FROM pr CROSS JOIN LATERAL (SELECT ` + cols + ` FROM tasks WHERE status = 'pending' AND priority = pr.p AND run_at <= ? AND ` + filter + ` AND ` + notDisabled +
+			` ORDER BY run_at, created_at LIMIT ?` + locking + `) AS t WHERE pr.p IS NOT NULL LIMIT ?`, append(args, limit)
+	}
+	return pendingPriorities + ` SELECT ` + cols + ` FROM tasks WHERE status = 'pending' AND priority IN (SELECT p FROM pr WHERE p IS NOT NULL) AND run_at <= ? AND ` + filter + ` AND ` + notDisabled +
+		` ORDER BY priority, run_at, created_at LIMIT ?`, args
 }
 
 // addCands adds the candidates a claim read returned to cands.
@@ -384,12 +422,12 @@ func claimOrder(a, b *store.Task) bool {
 // walks once for each of the three uses of ok.
 func (s *Store) claimableOrNext(ctx context.Context, filter string, fargs []any, now int64) (store.Claim, error) {
 	nextSQL, nextArgs := nextDue(filter, fargs, now)
-	args := append(nextArgs, now)
-	args = append(append(append(args, fargs...), now), fargs...)
+	due, dueArgs := s.duePending(`1`, filter, fargs, now, 1, false)
+	args := append(append(append(nextArgs, dueArgs...), now), fargs...)
 	var ok bool
 	var pending, leased sql.NullInt64
 	err := s.r.QueryRowContext(ctx, s.q(`SELECT x.ok, CASE WHEN x.ok THEN NULL ELSE (`+nextSQL[0]+`) END, CASE WHEN x.ok THEN NULL ELSE (`+nextSQL[1]+`) END
-		FROM (SELECT EXISTS (SELECT 1 FROM tasks WHERE status = 'pending' AND run_at <= ? AND `+filter+` AND `+notDisabled+`)
+		FROM (SELECT EXISTS (`+due+`)
 		OR EXISTS (SELECT 1 FROM tasks WHERE status = 'leased' AND lease_until <= ? AND `+filter+` AND `+notDisabled+`) AS ok LIMIT 1) AS x`), args...).Scan(&ok, &pending, &leased)
 	if err != nil {
 		return store.Claim{}, fmt.Errorf("claim tasks: %w", err)

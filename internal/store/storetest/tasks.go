@@ -22,6 +22,7 @@ var taskTests = []test{
 	{"CreateIdempotencyKeyConcurrent", testTaskCreateIdempotentConcurrent},
 	{"GetUnknownIsNotFound", testTaskGetUnknown},
 	{"ClaimOrderPriorityRunAtCreated", testTaskClaimOrder},
+	{"ClaimPastTasksScheduledAhead", testTaskClaimPastScheduledAhead},
 	{"ClaimOrderTiesByID", testTaskClaimTies},
 	{"ClaimPrefixRouting", testTaskClaimRouting},
 	{"ClaimNotYetDue", testTaskClaimNotDue},
@@ -310,6 +311,62 @@ func testTaskClaimOrder(t *testing.T, s store.Store) {
 		one = append(one, names(got)...)
 	}
 	diff(t, "claims of one after the leases expired", []string{"urgent", "mid-runat1-created0", "mid-runat1-created1", "mid-runat1-created2", "mid-runat3", "late-low-prio"}, one)
+}
+
+// testTaskClaimPastScheduledAhead: a claim takes the due tasks of every
+// priority in claim order, past the tasks scheduled ahead that sort
+// between them in the pending index (a priority's due tasks come first in
+// it, its later ones after), past a priority holding only later tasks,
+// and past due tasks of other and disabled types; and a claim finding
+// nothing due says when the first later task is due.
+func testTaskClaimPastScheduledAhead(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	_, err := s.PutTaskType(ctx, &store.TaskType{Type: "sched.off.v1", Enabled: false})
+	must(t, err, "PutTaskType")
+	byID := map[string]string{}
+	task := func(name, typ string, priority int, runAt time.Time) {
+		k := newTask(typ, runAt)
+		k.Priority = priority
+		byID[mkTask(t, s, k, t0).ID] = name
+	}
+	for i := range 20 {
+		task("p1-later", "sched.a.v1", 1, at(time.Hour+time.Duration(i)*time.Second))
+	}
+	task("p1-due-b", "sched.a.v1", 1, at(-time.Second))
+	task("p1-other-type", "other.a.v1", 1, at(-time.Minute))
+	task("p1-disabled", "sched.off.v1", 1, at(-time.Minute))
+	task("p1-due-a", "sched.a.v1", 1, at(-2*time.Second))
+	for i := range 5 {
+		task("p3-later", "sched.a.v1", 3, at(30*time.Minute+time.Duration(i)*time.Second))
+	}
+	task("p5-due", "sched.b.v1", 5, at(-3*time.Second))
+	for i := range 5 {
+		task("p5-later", "sched.a.v1", 5, at(2*time.Hour+time.Duration(i)*time.Second))
+	}
+	task("p7-due", "sched.a.v1", 7, t0)
+	names := func(ts []*store.Task) []string {
+		out := make([]string, len(ts))
+		for i, k := range ts {
+			out[i] = byID[k.ID]
+		}
+		return out
+	}
+	diff(t, "first claim (max 3)", []string{"p1-due-a", "p1-due-b", "p5-due"}, names(claimTasks(t, s, []string{"sched.%"}, "w", t0, time.Hour, 3)))
+	diff(t, "second claim (max 10)", []string{"p7-due"}, names(claimTasks(t, s, []string{"sched.%"}, "w", t0, time.Hour, 10)))
+	for try := 0; try < 2; try++ {
+		c, err := s.ClaimOrNext(ctx, store.ClaimTasks{Patterns: []string{"sched.%"}, WorkerID: "w", Lease: time.Hour, Max: 10, Now: t0})
+		must(t, err, "ClaimOrNext")
+		if len(c.Tasks) != 0 {
+			t.Fatalf("claim with only later tasks left took %v", names(c.Tasks))
+		}
+		if c.NextRead {
+			if !c.NextOK || !c.Next.Equal(at(30*time.Minute)) {
+				t.Errorf("claim with only later tasks left: next %v, ok=%v; want %v", c.Next, c.NextOK, at(30*time.Minute))
+			}
+			return
+		}
+	}
+	t.Error("ClaimOrNext twice in a row did not read the next due time")
 }
 
 func testTaskClaimRouting(t *testing.T, s store.Store) {

@@ -4,6 +4,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ferryhq/ferry/internal/store"
 	"github.com/ferryhq/ferry/internal/store/sqlite"
@@ -94,5 +95,38 @@ func TestSynchronousOption(t *testing.T) {
 		if _, err := sqlite.Open(filepath.Join(dir, "c.db") + bad); err == nil {
 			t.Errorf("%s accepted", bad)
 		}
+	}
+}
+
+// TestClaimWalkPlan: a claim walks each priority's due tasks as a range
+// of the pending tasks' index (priority, then run_at up to now), the
+// priorities in the index's order, so tasks scheduled ahead are not read
+// and the claim order needs no sort (see sqlstore's duePending).
+func TestClaimWalkPlan(t *testing.T) {
+	s := open(t)
+	q := s.ClaimReads(store.ClaimTasks{Patterns: []string{"billing.%"}, WorkerID: "w", Lease: time.Minute, Max: 16, Now: time.Unix(1_700_000_000, 0)})[0]
+	rows, err := s.DB().QueryContext(t.Context(), "EXPLAIN QUERY PLAN "+q.SQL, q.Args...)
+	if err != nil {
+		t.Fatalf("explain %s: %v", q.SQL, err)
+	}
+	defer rows.Close()
+	var plan []string
+	for rows.Next() {
+		var id, parent, unused int
+		var detail string
+		if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
+			t.Fatal(err)
+		}
+		plan = append(plan, detail)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	all := strings.Join(plan, "\n")
+	if !strings.Contains(all, "SEARCH tasks USING INDEX tasks_claim (priority=? AND run_at<?)") {
+		t.Errorf("the claim does not walk each priority's due range of tasks_claim:\n%s", all)
+	}
+	if strings.Contains(all, "TEMP B-TREE") {
+		t.Errorf("the claim sorts its tasks:\n%s", all)
 	}
 }

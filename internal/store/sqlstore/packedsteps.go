@@ -122,10 +122,11 @@ func packedIn(steps []*store.StepRun, short bool, base *cachedRun, buf []bool) [
 const packedMemoSteps = 4
 
 // packStepsMemo is packSteps for a run whose steps' forms base (its
-// cache entry, if any; the one in was worked out with) may hold: a step that is base's own (not written
-// since) is taken as base packed it. forms are every step's form, "" for
-// one not in the row, for the run's next cache entry (nil for a run of
-// fewer than packedMemoSteps steps).
+// cache entry, if any: the one packedIn was given for in) may hold: a
+// step that is base's own (not written since) is taken as base packed
+// it. forms are every step's form, "" for one not in the row, for the
+// run's next cache entry (nil for a run of fewer than packedMemoSteps
+// steps).
 func packStepsMemo(steps []*store.StepRun, in []bool, base *cachedRun) (string, []string) {
 	if len(steps) < packedMemoSteps {
 		return packSteps(steps, in), nil

@@ -106,11 +106,19 @@ func packedIn(steps []*store.StepRun, short bool, base *cachedRun, buf []bool) [
 	if cap(in) < len(steps) {
 		in = make([]bool, 0, len(steps))
 	}
-	memo := base != nil && len(base.packed) == len(base.steps)
 	for i, st := range steps {
-		in = append(in, (memo && i < len(base.steps) && st == &base.steps[i] && base.packed[i] != "") || packable(st, short))
+		in = append(in, base.packedForm(i, st) != "" || packable(st, short))
 	}
 	return in
+}
+
+// packedForm is the form e (which may be nil) packed st in, st being the
+// i-th of the run's steps, if st is e's own (not written since); else "".
+func (e *cachedRun) packedForm(i int, st *store.StepRun) string {
+	if e == nil || len(e.packed) != len(e.steps) || i >= len(e.steps) || st != &e.steps[i] {
+		return ""
+	}
+	return e.packed[i]
 }
 
 // packedMemoSteps is the fewest steps of a run whose steps' packed forms
@@ -138,9 +146,7 @@ func packStepsMemo(steps []*store.StepRun, in []bool, base *cachedRun) (string, 
 			all = false
 			continue
 		}
-		if base != nil && len(base.packed) == len(base.steps) && i < len(base.steps) && st == &base.steps[i] && base.packed[i] != "" {
-			forms[i] = base.packed[i]
-		} else {
+		if forms[i] = base.packedForm(i, st); forms[i] == "" {
 			forms[i] = string(appendPackedStep(nil, st, 0))
 		}
 		n++

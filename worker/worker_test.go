@@ -1000,8 +1000,12 @@ func TestEagerStopsAtShutdown(t *testing.T) {
 	for range 3 { // the chain is running eagerly
 		recv(t, handled, "an eager task")
 	}
-	src.stopped.Store(true)
+	// Cancel first, then mark the source: a completion the chain makes
+	// between the two is not counted, so only completions that began
+	// after the cancel are, and of those only the one in flight may ask.
 	began := time.Now()
+	r.cancel()
+	src.stopped.Store(true)
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}

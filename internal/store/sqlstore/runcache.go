@@ -83,13 +83,19 @@ type cachedRun struct {
 // The run caches are bounded by count and by bytes: a run in flight is
 // written every few milliseconds, and a run enters the cache when it is
 // created, so the first outcome or wake-up of a new run needs no read
-// either. 12,288 runs keep a burst of ten thousand sleepers cached until
-// they wake (SQLite sleep lateness p99 118–152 → 42–98 ms against 4,096);
-// with 100,000 runs asleep that costs ≈45 MB more peak RSS (105 MB), most
-// of it the garbage collector's headroom (GOGC=400). The byte budget keeps
+// either. 12,288 runs kept a burst of ten thousand sleepers cached until
+// they woke (SQLite sleep lateness p99 118–152 → 42–98 ms against 4,096).
+// Runs asleep for longer than dormantAfter are not kept, so 100,000 runs
+// asleep for an hour no longer fill the cache (peak RSS 130 → 52 MB on
+// SQLite, 119 → 35 on Postgres), and the count covers a burst of 20,000
+// one-step runs created before they are drained (the jobs benchmark: at
+// 12,288 the 7,712 runs created first had left the cache when their tasks
+// completed and were read again, ≈9 % of the machine's CPU a job on
+// Postgres). A cached run in flight costs ≈1.5 KB of heap, ≈7 KB of RSS
+// with the garbage collector's headroom (GOGC=400). The byte budget keeps
 // the cache to tens of megabytes however large the outputs are.
 const (
-	runCacheMax   = 12288
+	runCacheMax   = 24576
 	runCacheBytes = 32 << 20
 	// runCacheBodyMax keeps a run whose step bodies are large out of the
 	// cache.
@@ -98,6 +104,8 @@ const (
 	// besides its bodies (structs, strings, map slot).
 	cachedStepSize = 256
 	cachedRunSize  = 512
+	// dormantAfter: see cachedRun.dormant.
+	dormantAfter = time.Minute
 )
 
 func newRunCache() *runCache {
@@ -338,7 +346,7 @@ func (cs *changeset) written() writes {
 // persisted lays what was written for rt's run over e, its state as read,
 // so that e is what the tables now hold — not what rt holds in memory,
 // which may have changes that were never written. It reports whether e is
-// small enough to keep.
+// worth keeping (see worthKeeping).
 func (w writes) persisted(e *cachedRun, rt *runTx) bool {
 	id := rt.run.ID
 	if w.runs[id] {
@@ -362,7 +370,40 @@ func (w writes) persisted(e *cachedRun, rt *runTx) bool {
 			overlayStep(b, st)
 		}
 	}
-	return e.measure()
+	return e.worthKeeping(rt.now)
+}
+
+// worthKeeping sets e's size and reports whether the cache should keep e
+// at now: small enough, and not dormant.
+func (e *cachedRun) worthKeeping(now time.Time) bool {
+	return e.measure() && !e.dormant(now)
+}
+
+// dormant reports whether nothing will happen to the run for more than
+// dormantAfter unless told from outside: no step runs or waits, and its
+// earliest wake-up is further away. Its entry would take one of the
+// cache's slots for all that time to save one read at its wake-up, and a
+// burst of runs that sleep for hours would push out the runs in flight,
+// whose every step is a write.
+func (e *cachedRun) dormant(now time.Time) bool {
+	if e.run.Status != status.RunRunning {
+		return false
+	}
+	var wake time.Time
+	for i := range e.steps {
+		switch st := &e.steps[i]; st.Status {
+		case status.StepRunning, status.StepWaiting:
+			return false
+		case status.StepSleeping:
+			if st.WakeAt == nil {
+				return false
+			}
+			if wake.IsZero() || st.WakeAt.Before(wake) {
+				wake = *st.WakeAt
+			}
+		}
+	}
+	return !wake.IsZero() && wake.Sub(now) > dormantAfter
 }
 
 // measure sets e's size and reports whether e is small enough to keep.
@@ -423,7 +464,7 @@ func createdEntry(nr *store.NewRun, now time.Time, short bool) *cachedRun {
 		}
 	}
 	slices.SortStableFunc(e.steps, func(a, b store.StepRun) int { return a.Position - b.Position })
-	if !e.measure() {
+	if !e.worthKeeping(now) {
 		return nil
 	}
 	return e

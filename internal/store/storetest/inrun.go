@@ -27,6 +27,7 @@ var inRunTests = []test{
 	{"StepsWrittenBeforeTheRowHeldThem", testStepsLegacy},
 	{"StepsPlacedByAnotherBuild", testStepsPlacedElsewhere},
 	{"GetRunWhileStepsMove", testGetRunWhileStepsMove},
+	{"DormantRunsLeaveTheCache", testDormantRunsLeaveTheCache},
 }
 
 func testInRunSees(t *testing.T, s store.Store) {
@@ -599,5 +600,98 @@ func testGetRunWhileStepsMove(t *testing.T, s store.Store) {
 		if len(steps) != 2 {
 			t.Fatalf("read %d: GetRun returned %d steps, want 2", reads, len(steps))
 		}
+	}
+}
+
+// testDormantRunsLeaveTheCache: a store that keeps runs in memory does not
+// keep one that nothing will happen to for more than a minute (no step
+// runs or waits, its earliest wake-up later than that), whether it was
+// created so or became so by a write; a run that wakes sooner, or has a
+// step running or waiting beside its long sleep, is kept. A kept run's
+// next transaction is a cache hit, a dropped one's is not.
+func testDormantRunsLeaveTheCache(t *testing.T, s store.Store) {
+	c, ok := s.(interface{ RunCacheHits() int64 })
+	if !ok {
+		t.Fatal("the store does not count its run cache's hits")
+	}
+	wf := mkWorkflow(t, s, "dormant")
+	now := t0
+	sleeping := func(name string, pos int, d time.Duration) *store.StepRun {
+		return &store.StepRun{Name: name, Position: pos, Type: "sleep", Status: status.StepSleeping, WakeAt: ptr(now.Add(d)), StartedAt: ptr(now)}
+	}
+	after := func(pos int) *store.StepRun {
+		return &store.StepRun{Name: "after", Position: pos, Type: "task", Status: status.StepPending}
+	}
+	// hit runs one transaction on the run at now+1s (appending an event,
+	// so that the run is written) and reports whether it was a cache hit.
+	hit := func(id string, fn func(tx store.RunTx) error) bool {
+		t.Helper()
+		before := c.RunCacheHits()
+		inRun(t, s, id, now.Add(time.Second), func(tx store.RunTx) error {
+			if fn != nil {
+				if err := fn(tx); err != nil {
+					return err
+				}
+			}
+			return tx.Append(store.NewEvent{Type: "touched"})
+		})
+		return c.RunCacheHits() != before
+	}
+	for _, tc := range []struct {
+		name   string
+		steps  []*store.StepRun
+		cached bool
+	}{
+		{"asleep for an hour", []*store.StepRun{sleeping("nap", 0, time.Hour), after(1)}, false},
+		{"asleep for a second", []*store.StepRun{sleeping("nap", 0, 2*time.Second), after(1)}, true},
+		{"asleep for an hour beside a running step", []*store.StepRun{sleeping("nap", 0, time.Hour), {Name: "work", Position: 1, Type: "task", Status: status.StepRunning, Attempt: 1, StartedAt: ptr(now)}}, true},
+		{"asleep for an hour beside a waiting step", []*store.StepRun{sleeping("nap", 0, time.Hour), {Name: "hook", Position: 1, Type: "webhook", Status: status.StepWaiting, CallbackToken: "wh_dormant", StartedAt: ptr(now)}}, true},
+		{"asleep for an hour and for a second", []*store.StepRun{sleeping("nap", 0, time.Hour), sleeping("doze", 1, 2*time.Second)}, true},
+	} {
+		r := baseRun(wf, "")
+		r.StartedAt, r.ExpiresAt = now, now.Add(24*time.Hour)
+		res, err := s.CreateRuns(t.Context(), []*store.NewRun{{Workflow: wf, Run: r, Steps: tc.steps, Events: []store.NewEvent{{Type: "run_started"}}}}, now)
+		must(t, err, "CreateRuns")
+		if res[0].Err != nil {
+			t.Fatalf("%s: %v", tc.name, res[0].Err)
+		}
+		if got := hit(res[0].Run.ID, nil); got != tc.cached {
+			t.Errorf("%s: the run's first transaction was a cache hit: %v, want %v", tc.name, got, tc.cached)
+		}
+	}
+
+	// A run that falls asleep for an hour by a write leaves the cache, and
+	// comes back to it when a write brings its wake-up near.
+	r := baseRun(wf, "")
+	r.StartedAt, r.ExpiresAt = now, now.Add(24*time.Hour)
+	res, err := s.CreateRuns(t.Context(), []*store.NewRun{{Workflow: wf, Run: r, Steps: []*store.StepRun{
+		{Name: "work", Position: 0, Type: "task", Status: status.StepRunning, Attempt: 1, StartedAt: ptr(now)},
+		{Name: "nap", Position: 1, Type: "sleep", Status: status.StepPending},
+	}, Events: []store.NewEvent{{Type: "run_started"}}}}, now)
+	must(t, err, "CreateRuns")
+	id := res[0].Run.ID
+	napFor := func(d time.Duration) func(tx store.RunTx) error {
+		return func(tx store.RunTx) error {
+			work := *tx.Step("work")
+			work.Status, work.FinishedAt = status.StepSuccess, ptr(now.Add(time.Second))
+			if err := tx.UpdateStep(&work); err != nil {
+				return err
+			}
+			nap := *tx.Step("nap")
+			nap.Status, nap.StartedAt, nap.WakeAt = status.StepSleeping, ptr(now.Add(time.Second)), ptr(now.Add(d))
+			return tx.UpdateStep(&nap)
+		}
+	}
+	if !hit(id, napFor(time.Hour)) {
+		t.Error("the running run's transaction was not a cache hit")
+	}
+	if hit(id, nil) {
+		t.Error("the run asleep for an hour was still cached")
+	}
+	if hit(id, napFor(3*time.Second)) {
+		t.Error("the run asleep for an hour was cached at its next write")
+	}
+	if !hit(id, nil) {
+		t.Error("the run woken soon after that write was not cached again")
 	}
 }

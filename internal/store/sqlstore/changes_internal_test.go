@@ -1,7 +1,9 @@
 package sqlstore
 
 import (
+	"encoding/json"
 	"fmt"
+	"maps"
 	"testing"
 
 	"github.com/ferryhq/ferry/internal/store"
@@ -67,5 +69,35 @@ func TestNewRowsCountsRowsNotEvents(t *testing.T) {
 	c.queue = []store.QueueItem{{Kind: store.KindWake, RunID: "r", Step: "b"}}
 	if got, want := c.newRows(), [len(AnalyzeTables)]int{1, 3, 1, 1}; got != want {
 		t.Errorf("with a step row, two steps out of the run's row and a queue item: %v rows (%v), want %v", got, AnalyzeTables, want)
+	}
+}
+
+// TestReadBackHeadersAsJSONGivesThem: the copy readBackHeaders makes
+// without JSON is what the round trip through the row's JSON gives, for
+// empty, plain, escaped and invalid UTF-8 headers.
+func TestReadBackHeadersAsJSONGivesThem(t *testing.T) {
+	for _, h := range []map[string]string{
+		nil,
+		{},
+		{"X-Request-Id": "req-1"},
+		{"A": "<b>&amp;\u2028\"\\", "É": "ünïcödé"},
+		{"Bad": "a\xffb"},
+		{"a\xc0": "v", "ok": "w"},
+	} {
+		b, err := headersJSON(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want map[string]string
+		if err := json.Unmarshal(b, &want); err != nil {
+			t.Fatal(err)
+		}
+		got, err := readBackHeaders(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got == nil || !maps.Equal(got, want) {
+			t.Errorf("readBackHeaders(%q) = %q, want %q (non-nil)", h, got, want)
+		}
 	}
 }

@@ -3,7 +3,6 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -437,24 +436,15 @@ func createdEntry(nr *store.NewRun, now time.Time, short bool) *cachedRun {
 	if nr.Workflow == nil || status.RunTerminal(nr.Run.Status) {
 		return nil
 	}
-	headers, err := headersJSON(nr.Run.TriggerHeaders)
+	rp, err := createdRun(nr, now)
 	if err != nil {
 		return nil
 	}
-	r := nr.Run
-	r.WorkflowName = nr.Workflow.Name
-	r.Input = json.RawMessage(string(r.Input)) // written as text, read back as its bytes
-	r.TriggerHeaders = nil
-	if err := json.Unmarshal(headers, &r.TriggerHeaders); err != nil {
-		return nil
-	}
-	r.ExpiresAt, r.StartedAt, r.FinishedAt = dbTime(r.ExpiresAt), dbTime(r.StartedAt), dbTimePtr(r.FinishedAt)
-	r.UpdatedAt = dbTime(now)
 	// Each of the run's events took the next number (newRun).
-	e := &cachedRun{run: r, seq: int64(len(nr.Events)), updatedAt: r.UpdatedAt, steps: make([]store.StepRun, len(nr.Steps))}
+	e := &cachedRun{run: *rp, seq: int64(len(nr.Events)), updatedAt: rp.UpdatedAt, steps: make([]store.StepRun, len(nr.Steps))}
 	for i, st := range nr.Steps {
 		b := &e.steps[i]
-		b.RunID, b.Name, b.Position, b.Type = r.ID, st.Name, st.Position, st.Type
+		b.RunID, b.Name, b.Position, b.Type = rp.ID, st.Name, st.Position, st.Type
 		overlayStep(b, st)
 		if packable(st, short) { // as changeset.newRun placed it
 			if e.inRow == nil {

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ferryhq/ferry/internal/store"
 )
@@ -270,20 +271,41 @@ func (s *Store) createRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 	return res, nil
 }
 
+// readBackHeaders is h as a run's row gives it back, through its JSON:
+// never nil, and invalid UTF-8 replaced. Valid strings come back as they
+// are, so those are copied without the round trip (a marshal and an
+// unmarshal for the result and again for the cache entry of each run
+// created: 1.10 → 0.75 µs a run for both).
+func readBackHeaders(h map[string]string) (map[string]string, error) {
+	out := make(map[string]string, len(h))
+	for k, v := range h {
+		if !utf8.ValidString(k) || !utf8.ValidString(v) {
+			b, err := headersJSON(h)
+			if err != nil {
+				return nil, err
+			}
+			out = nil
+			if err := json.Unmarshal(b, &out); err != nil {
+				return nil, fmt.Errorf("decode trigger headers: %w", err)
+			}
+			return out, nil
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
 // createdRun is the run nr as written at now (changeset.newRun), as GetRun
 // reads it back: times to the microsecond, headers through their JSON.
 func createdRun(nr *store.NewRun, now time.Time) (*store.Run, error) {
 	r := nr.Run
 	r.WorkflowName = nr.Workflow.Name
-	r.Input = json.RawMessage(string(r.Input))
-	h, err := headersJSON(r.TriggerHeaders)
+	r.Input = json.RawMessage(string(r.Input)) // written as text, read back as its bytes
+	h, err := readBackHeaders(r.TriggerHeaders)
 	if err != nil {
 		return nil, err
 	}
-	r.TriggerHeaders = nil
-	if err := json.Unmarshal(h, &r.TriggerHeaders); err != nil {
-		return nil, fmt.Errorf("decode trigger headers: %w", err)
-	}
+	r.TriggerHeaders = h
 	r.ExpiresAt, r.StartedAt, r.UpdatedAt = fromTS(ts(r.ExpiresAt)), fromTS(ts(r.StartedAt)), fromTS(ts(now))
 	if r.FinishedAt != nil {
 		f := fromTS(ts(*r.FinishedAt))

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/ferryhq/ferry/internal/store"
 )
@@ -92,7 +93,7 @@ func packSteps(steps []*store.StepRun, in []bool) string {
 	if b == nil {
 		return ""
 	}
-	return string(append(b, ']'))
+	return ownedString(append(b, ']'))
 }
 
 // packedIn says which of a run's steps its row keeps (packable). A step
@@ -174,7 +175,18 @@ func packStepsMemo(steps []*store.StepRun, in []bool, base *cachedRun) (string, 
 		first = false
 		b = append(b, f...)
 	}
-	return string(append(b, ']')), forms
+	return ownedString(append(b, ']')), forms
+}
+
+// ownedString is b as a string without a copy. b must be the caller's
+// own and never written again. A run's packed steps are built once a
+// write, ≈2 KB for ten steps: the copy was ≈2 KB of the ≈25 KB a chain10
+// step allocated, and 0.7 of the 2.3 µs BenchmarkPackChainStep took.
+func ownedString(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(unsafe.SliceData(b), len(b))
 }
 
 // appendPackedStep appends st as the run row holds it (see packedStep),

@@ -1000,9 +1000,9 @@ func TestEagerStopsAtShutdown(t *testing.T) {
 	for range 3 { // the chain is running eagerly
 		recv(t, handled, "an eager task")
 	}
-	// Cancel first, then mark the source: a completion the chain makes
-	// between the two is not counted, so only completions that began
-	// after the cancel are, and of those only the one in flight may ask.
+	// Cancel first, then mark the source: completions that ask after the
+	// mark are counted, and since the worker checks its context before
+	// asking, at most the one that checked before the cancel may.
 	began := time.Now()
 	r.cancel()
 	src.stopped.Store(true)

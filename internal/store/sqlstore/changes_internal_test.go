@@ -99,5 +99,11 @@ func TestReadBackHeadersAsJSONGivesThem(t *testing.T) {
 		if got == nil || !maps.Equal(got, want) {
 			t.Errorf("readBackHeaders(%q) = %q, want %q (non-nil)", h, got, want)
 		}
+		// The result is the run's own: a cache entry must not share the
+		// caller's map.
+		got["zz-added"] = "x"
+		if _, shared := h["zz-added"]; shared {
+			t.Errorf("readBackHeaders(%q) returned the caller's map", h)
+		}
 	}
 }

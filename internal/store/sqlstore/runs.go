@@ -282,7 +282,7 @@ func readBackHeaders(h map[string]string) (map[string]string, error) {
 		if !utf8.ValidString(k) || !utf8.ValidString(v) {
 			b, err := headersJSON(h)
 			if err != nil {
-				return nil, err
+				return nil, fmt.Errorf("encode trigger headers: %w", err)
 			}
 			out = nil
 			if err := json.Unmarshal(b, &out); err != nil {

@@ -604,15 +604,16 @@ func testGetRunWhileStepsMove(t *testing.T, s store.Store) {
 }
 
 // testDormantRunsLeaveTheCache: a store that keeps runs in memory does not
-// keep one that nothing will happen to for more than a minute (no step
-// runs or waits, its earliest wake-up later than that), whether it was
-// created so or became so by a write; a run that wakes sooner, or has a
-// step running or waiting beside its long sleep, is kept. A kept run's
+// keep one whose next write is more than a minute away (no step runs or
+// waits, its earliest wake-up and its expiry later than that), whether it
+// was created so or became so by a write; a run that wakes or expires
+// sooner, or has a step running or waiting beside its long sleep, is
+// kept. A kept run's
 // next transaction is a cache hit, a dropped one's is not.
 func testDormantRunsLeaveTheCache(t *testing.T, s store.Store) {
 	c, ok := s.(interface{ RunCacheHits() int64 })
 	if !ok {
-		t.Fatal("the store does not count its run cache's hits")
+		t.Skip("the store keeps no runs in memory")
 	}
 	wf := mkWorkflow(t, s, "dormant")
 	now := t0
@@ -638,18 +639,20 @@ func testDormantRunsLeaveTheCache(t *testing.T, s store.Store) {
 		return c.RunCacheHits() != before
 	}
 	for _, tc := range []struct {
-		name   string
-		steps  []*store.StepRun
-		cached bool
+		name    string
+		steps   []*store.StepRun
+		expires time.Duration
+		cached  bool
 	}{
-		{"asleep for an hour", []*store.StepRun{sleeping("nap", 0, time.Hour), after(1)}, false},
-		{"asleep for a second", []*store.StepRun{sleeping("nap", 0, 2*time.Second), after(1)}, true},
-		{"asleep for an hour beside a running step", []*store.StepRun{sleeping("nap", 0, time.Hour), {Name: "work", Position: 1, Type: "task", Status: status.StepRunning, Attempt: 1, StartedAt: ptr(now)}}, true},
-		{"asleep for an hour beside a waiting step", []*store.StepRun{sleeping("nap", 0, time.Hour), {Name: "hook", Position: 1, Type: "webhook", Status: status.StepWaiting, CallbackToken: "wh_dormant", StartedAt: ptr(now)}}, true},
-		{"asleep for an hour and for a second", []*store.StepRun{sleeping("nap", 0, time.Hour), sleeping("doze", 1, 2*time.Second)}, true},
+		{"asleep for an hour", []*store.StepRun{sleeping("nap", 0, time.Hour), after(1)}, 24 * time.Hour, false},
+		{"asleep for a second", []*store.StepRun{sleeping("nap", 0, 2*time.Second), after(1)}, 24 * time.Hour, true},
+		{"asleep for an hour, expiring in half a minute", []*store.StepRun{sleeping("nap", 0, time.Hour), after(1)}, 30 * time.Second, true},
+		{"asleep for an hour beside a running step", []*store.StepRun{sleeping("nap", 0, time.Hour), {Name: "work", Position: 1, Type: "task", Status: status.StepRunning, Attempt: 1, StartedAt: ptr(now)}}, 24 * time.Hour, true},
+		{"asleep for an hour beside a waiting step", []*store.StepRun{sleeping("nap", 0, time.Hour), {Name: "hook", Position: 1, Type: "webhook", Status: status.StepWaiting, CallbackToken: "wh_dormant", StartedAt: ptr(now)}}, 24 * time.Hour, true},
+		{"asleep for an hour and for a second", []*store.StepRun{sleeping("nap", 0, time.Hour), sleeping("doze", 1, 2*time.Second)}, 24 * time.Hour, true},
 	} {
 		r := baseRun(wf, "")
-		r.StartedAt, r.ExpiresAt = now, now.Add(24*time.Hour)
+		r.StartedAt, r.ExpiresAt = now, now.Add(tc.expires)
 		res, err := s.CreateRuns(t.Context(), []*store.NewRun{{Workflow: wf, Run: r, Steps: tc.steps, Events: []store.NewEvent{{Type: "run_started"}}}}, now)
 		must(t, err, "CreateRuns")
 		if res[0].Err != nil {

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math"
 	"slices"
 	"sort"
 	"strconv"
@@ -261,76 +260,21 @@ func (s *Store) ClaimOrNext(ctx context.Context, req store.ClaimTasks) (store.Cl
 // locking (SKIP LOCKED, where the database has it) and reading whole up
 // to req.Max candidates.
 func (s *Store) claimReads(req store.ClaimTasks, filter string, fargs []any) []PipeQuery {
-	due, dueArgs := s.duePending(taskCols+`, event_seq`, filter, fargs, ts(req.Now), req.Max, true)
-	return []PipeQuery{{SQL: s.q(due), Args: dueArgs}, s.expiredLeases(req, filter, fargs)}
+	now := ts(req.Now)
+	due, dueArgs := s.duePending(taskCols+`, event_seq`, filter, fargs, now, req.Max, true)
+	// Leases that ran out: found through tasks_lease, which holds only
+	// leased tasks, then sorted (they are few).
+	return []PipeQuery{
+		{SQL: s.q(due), Args: dueArgs},
+		{SQL: s.q(`SELECT ` + taskCols + `, event_seq FROM tasks WHERE status = 'leased' AND lease_until <= ? AND ` + filter + ` AND ` + notDisabled + ` ORDER BY priority, run_at, created_at LIMIT ?` + s.d.SkipLocked), Args: append(append([]any{now}, fargs...), req.Max)},
+	}
 }
 
-// expiredLeases is a claim's walk of the leases that ran out: through
-// tasks_lease, which holds only leased tasks, then sorted (they are few).
-func (s *Store) expiredLeases(req store.ClaimTasks, filter string, fargs []any) PipeQuery {
-	return PipeQuery{SQL: s.q(`SELECT ` + taskCols + `, event_seq FROM tasks WHERE status = 'leased' AND lease_until <= ? AND ` + filter + ` AND ` + notDisabled + ` ORDER BY priority, run_at, created_at LIMIT ?` + s.d.SkipLocked), Args: append(append([]any{ts(req.Now)}, fargs...), req.Max)}
-}
-
-// ClaimReads are the statements a claim of req reads its candidates with,
-// for tests of their plans: claimReads where a claim is pipelined
-// (Postgres); else the two statements of dueByPriority (the next priority
-// after the lowest there can be, the due range of priority 0) and
-// expiredLeases.
+// ClaimReads are the statements a claim of req reads its candidates with
+// (see claimReads), for tests of their plans.
 func (s *Store) ClaimReads(req store.ClaimTasks) []PipeQuery {
 	filter, fargs := s.typeFilter(req.Patterns)
-	if s.d.Pipeline != nil {
-		return s.claimReads(req, filter, fargs)
-	}
-	next, walk := s.priorityWalk(filter)
-	return []PipeQuery{
-		{SQL: next, Args: []any{int64(math.MinInt64)}},
-		{SQL: walk, Args: append(append([]any{0, ts(req.Now)}, fargs...), req.Max)},
-		s.expiredLeases(req, filter, fargs),
-	}
-}
-
-// priorityWalk is dueByPriority's two statements: the next priority that
-// holds pending tasks after a given one (an index descent), and the due
-// tasks of a priority in claim order, at most a given number.
-func (s *Store) priorityWalk(filter string) (next, walk string) {
-	return s.q(`SELECT priority FROM tasks WHERE status = 'pending' AND priority > ? ORDER BY priority LIMIT 1`),
-		s.q(`SELECT ` + taskCols + `, event_seq FROM tasks WHERE status = 'pending' AND priority = ? AND run_at <= ? AND ` + filter + ` AND ` + notDisabled +
-			` ORDER BY run_at, created_at LIMIT ?` + s.d.SkipLocked)
-}
-
-// dueByPriority reads in tx the due pending tasks of these types (filter)
-// in claim order, at most limit, as duePending's walk does, but as
-// separate statements: priority by priority, the next priority holding
-// pending tasks, then its due range, until limit are found or no priority
-// is left. It is how a claim reads them in a plain write transaction
-// (SQLite's, on its single writer). There duePending's one statement,
-// lacking LATERAL, builds the whole list of priorities before the walk:
-// with one priority it cost ≈55 µs more than the walk alone (137–152
-// against 78–83 µs for 16 tasks of 4,000), with 1,001 priorities 1.2 ms;
-// the statements here take 94–98 µs and 0.35 ms.
-func (s *Store) dueByPriority(ctx context.Context, tx *sql.Tx, filter string, fargs []any, now int64, limit int) ([]lockedTask, error) {
-	next, walk := s.priorityWalk(filter)
-	var cands []lockedTask
-	p := int64(math.MinInt64) // below every priority
-	for len(cands) < limit {
-		err := tx.QueryRowContext(ctx, next, p).Scan(&p)
-		if errors.Is(err, sql.ErrNoRows) {
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
-		rows, err := tx.QueryContext(ctx, walk, append(append([]any{p, now}, fargs...), limit-len(cands))...)
-		if err != nil {
-			return nil, err
-		}
-		err = addCands(&cands, rows)
-		rows.Close()
-		if err != nil {
-			return nil, err
-		}
-	}
-	return cands, nil
+	return s.claimReads(req, filter, fargs)
 }
 
 // duePending is a statement that selects cols of the pending tasks of
@@ -361,17 +305,16 @@ func (s *Store) dueByPriority(ctx context.Context, tx *sql.Tx, filter string, fa
 // it gets anyway (testTaskClaimPastScheduledAhead pins the order).
 // SQLite, which has no LATERAL, does it as an IN over the priorities on
 // the index's first column, which it walks value by value in order
-// without a sort; it builds the whole IN list first, so there this form
-// is only the check that anything is claimable (LIMIT 1, on a reader),
-// and a claim, on the single writer, walks priority by priority in
-// separate statements (dueByPriority).
+// without a sort (TestClaimWalkPlan pins the plan).
 //
 // The price is a descent for each distinct priority that has pending
 // tasks: on Postgres for those a claim passes (an idle claim with 1,001
 // priorities and nothing due read 5,035 buffers in 3.5 ms against 30 in
-// 0.2), on SQLite's check for all of them (the IN list). Priorities run
-// from 0 to 1,000; a few in use is the common case, tasks scheduled
-// ahead (run_at, retries backing off) a common one too.
+// 0.2), on SQLite for all of them at every claim, since it builds the
+// IN list first (a claim of 16 due tasks with 1,001 priorities 0.08 →
+// 0.7 ms). Priorities run from 0 to 1,000; a few in use is the common
+// case, tasks scheduled ahead (run_at, retries backing off) a common
+// one too.
 func (s *Store) duePending(cols, filter string, fargs []any, now int64, limit int, lock bool) (string, []any) {
 	args := append(append([]any{now}, fargs...), limit)
 	if s.d.Lateral {
@@ -400,19 +343,17 @@ func addCands(cands *[]lockedTask, rows PipeRows) error {
 func (s *Store) claimInTx(ctx context.Context, req store.ClaimTasks, filter string, fargs []any, tok string, until time.Time) ([]*store.Task, error) {
 	var out []*store.Task
 	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		cands, err := s.dueByPriority(ctx, tx, filter, fargs, ts(req.Now), req.Max)
-		if err != nil {
-			return fmt.Errorf("claim tasks: %w", err)
-		}
-		q := s.expiredLeases(req, filter, fargs)
-		rows, err := tx.QueryContext(ctx, q.SQL, q.Args...)
-		if err != nil {
-			return fmt.Errorf("claim tasks: %w", err)
-		}
-		err = addCands(&cands, rows)
-		rows.Close()
-		if err != nil {
-			return fmt.Errorf("claim tasks: %w", err)
+		var cands []lockedTask
+		for _, q := range s.claimReads(req, filter, fargs) {
+			rows, err := tx.QueryContext(ctx, q.SQL, q.Args...)
+			if err != nil {
+				return fmt.Errorf("claim tasks: %w", err)
+			}
+			err = addCands(&cands, rows)
+			rows.Close()
+			if err != nil {
+				return fmt.Errorf("claim tasks: %w", err)
+			}
 		}
 		cs := &changeset{}
 		out = s.lease(ctx, cs, cands, req, tok, until)

@@ -84,16 +84,16 @@ type cachedRun struct {
 // created, so the first outcome or wake-up of a new run needs no read
 // either. 12,288 runs kept a burst of ten thousand sleepers cached until
 // they woke (SQLite sleep lateness p99 118–152 → 42–98 ms against 4,096).
-// Runs asleep for longer than dormantAfter are not kept, so 100,000 runs
-// asleep for an hour no longer fill the cache (peak RSS 130 → 52 MB on
-// SQLite, 119 → 35 on Postgres), and the count covers a burst of 20,000
-// one-step runs created before they are drained (the jobs benchmark: at
-// 12,288 the 7,712 runs created first had left the cache when their tasks
-// completed and were read again: the machine's CPU a Postgres job −6 %,
-// the median of seven alternating pairs). A cached one-step run costs ≈1.5 KB of heap, ≈7 KB of RSS
-// with the garbage collector's headroom (GOGC=400); a ten-step one about
-// four times that. The byte budget keeps
-// the cache to tens of megabytes however large the outputs are.
+// Dormant runs (cachedRun.dormant) are not kept, so 100,000 runs asleep
+// for an hour no longer fill the cache (peak RSS 130 → 52 MB on SQLite,
+// 119 → 35 on Postgres), and the count covers a burst of 20,000 one-step
+// runs created before they are drained (the jobs benchmark: at 12,288
+// the 7,712 runs created first had left the cache when their tasks
+// completed and were read again; the machine's CPU a Postgres job −6 %,
+// the median of seven alternating pairs). A cached one-step run costs
+// ≈1.5 KB of heap, ≈7 KB of RSS with the garbage collector's headroom
+// (GOGC=400); a ten-step one about four times that. The byte budget
+// keeps the cache to tens of megabytes however large the outputs are.
 const (
 	runCacheMax   = 24576
 	runCacheBytes = 32 << 20

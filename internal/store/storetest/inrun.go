@@ -608,8 +608,8 @@ func testGetRunWhileStepsMove(t *testing.T, s store.Store) {
 // waits, its earliest wake-up and its expiry later than that), whether it
 // was created so or became so by a write; a run that wakes or expires
 // sooner, or has a step running or waiting beside its long sleep, is
-// kept. A kept run's
-// next transaction is a cache hit, a dropped one's is not.
+// kept. A kept run's next transaction is a cache hit, a dropped one's is
+// not.
 func testDormantRunsLeaveTheCache(t *testing.T, s store.Store) {
 	c, ok := s.(interface{ RunCacheHits() int64 })
 	if !ok {

@@ -2,7 +2,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: test vet fmt build run bench bench-peers fuzz
+.PHONY: test vet fmt build run bench bench-peers bench-ab fuzz
 
 # FERRY_RUNCACHE_CHECK: every run SQLite's writer takes from its cache is
 # compared with the tables (a difference fails the write).
@@ -44,3 +44,12 @@ bench:
 # the host's speed moves, ratios measured together do not.
 bench-peers:
 	cd bench/peers/river && $(GO) run . --repeat 3 --database '$(BENCH_PG)'
+
+# Two builds side by side: ABBA runs of one workload (bench/ab), with the
+# medians, the pairs B won and the machine's CPU per unit. A is a ferry
+# binary built from the code to compare against; B defaults to this tree's.
+#   make bench-ab A=/tmp/ferry-before W=chain10 DB=postgres PAIRS=5
+bench-ab:
+	$(GO) build -o bin/ferry ./cmd/ferry
+	$(GO) run ./bench/ab -a '$(A)' -b '$(or $(B),bin/ferry)' -workload '$(or $(W),jobs)' \
+		-database '$(if $(filter postgres,$(DB)),$(BENCH_PG),$(or $(DB),sqlite))' -pairs '$(or $(PAIRS),5)'

@@ -1,0 +1,230 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+func main() {
+	var c config
+	flag.StringVar(&c.a, "a", "", "build A: a ferry binary")
+	flag.StringVar(&c.b, "b", "", "build B: a ferry binary")
+	flag.StringVar(&c.workload, "workload", "jobs", "the workload (ferry bench --workload)")
+	flag.StringVar(&c.database, "database", "sqlite", "sqlite or a postgres:// URL")
+	flag.IntVar(&c.pairs, "pairs", 5, "pairs of runs")
+	flag.Parse()
+	c.extra = flag.Args() // after --: more ferry bench flags, for both
+	if err := run(c, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "ab:", err)
+		os.Exit(1)
+	}
+}
+
+type config struct {
+	a, b, workload, database string
+	pairs                    int
+	extra                    []string
+}
+
+// result is one run of one build.
+type result struct {
+	build     string
+	units     float64 // units_per_s
+	latency   string  // the workload's main latency figure, as "name value"
+	rss       float64 // peak_rss_mb
+	busyPerUs float64 // machine busy CPU µs per completed unit; 0 if unknown
+}
+
+func run(c config, out io.Writer) error {
+	if c.a == "" || c.b == "" {
+		return errors.New("-a and -b name the two ferry binaries")
+	}
+	if c.pairs < 1 {
+		return errors.New("-pairs must be at least 1")
+	}
+	var as, bs []result
+	wins := 0
+	for i := range c.pairs {
+		order := []string{c.a, c.b}
+		if i%2 == 1 {
+			order = []string{c.b, c.a}
+		}
+		var ra, rb result
+		for _, bin := range order {
+			r, err := once(c, bin)
+			if err != nil {
+				return err
+			}
+			if bin == c.a {
+				r.build, ra = "A", r
+			} else {
+				r.build, rb = "B", r
+			}
+			fmt.Fprintf(out, "%s %s\n", r.build, r)
+		}
+		as, bs = append(as, ra), append(bs, rb)
+		if rb.units > ra.units {
+			wins++
+		}
+	}
+	fmt.Fprint(out, summary(as, bs, wins))
+	return nil
+}
+
+func (r result) String() string {
+	s := fmt.Sprintf("%.0f/s  %s  rss %.0f MB", r.units, r.latency, r.rss)
+	if r.busyPerUs > 0 {
+		s += fmt.Sprintf("  machine %.1f µs/unit", r.busyPerUs)
+	}
+	return s
+}
+
+// summary is the medians of A's and B's runs, B against A, and how many
+// pairs B won by units a second.
+func summary(as, bs []result, wins int) string {
+	units := func(rs []result) []float64 {
+		v := make([]float64, len(rs))
+		for i, r := range rs {
+			v[i] = r.units
+		}
+		return v
+	}
+	busy := func(rs []result) []float64 {
+		var v []float64
+		for _, r := range rs {
+			if r.busyPerUs > 0 {
+				v = append(v, r.busyPerUs)
+			}
+		}
+		return v
+	}
+	ma, mb := median(units(as)), median(units(bs))
+	s := fmt.Sprintf("median units/s: A %.0f, B %.0f (B %+.1f %%); B ahead in %d of %d pairs\n", ma, mb, pct(mb, ma), wins, len(as))
+	if ba, bb := busy(as), busy(bs); len(ba) > 0 && len(bb) > 0 {
+		s += fmt.Sprintf("median machine CPU per unit: A %.1f µs, B %.1f µs (B %+.1f %%)\n", median(ba), median(bb), pct(median(bb), median(ba)))
+	}
+	return s
+}
+
+func pct(b, a float64) float64 {
+	if a == 0 {
+		return 0
+	}
+	return (b/a - 1) * 100
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// once runs one ferry bench of bin and reads its last JSON line, with
+// the machine's busy CPU over the run.
+func once(c config, bin string) (result, error) {
+	args := append([]string{"bench", "--workload", c.workload, "--database", c.database, "--json"}, c.extra...)
+	before, cpuErr := busyTicks()
+	cmd := exec.Command(bin, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return result{}, fmt.Errorf("%s %s: %w\n%s", bin, strings.Join(args, " "), err, stderr.String())
+	}
+	after, cpuErr2 := busyTicks()
+	r, completed, err := parse(stdout.Bytes())
+	if err != nil {
+		return result{}, fmt.Errorf("%s: %w", bin, err)
+	}
+	if cpuErr == nil && cpuErr2 == nil && completed > 0 {
+		r.busyPerUs = float64(after-before) * tickUs / float64(completed)
+	}
+	return r, nil
+}
+
+// parse reads the last JSON line ferry bench printed.
+func parse(out []byte) (result, int64, error) {
+	var last []byte
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if line := bytes.TrimSpace(sc.Bytes()); len(line) > 0 && line[0] == '{' {
+			last = slices.Clone(line)
+		}
+	}
+	if last == nil {
+		return result{}, 0, errors.New("no JSON line in its output")
+	}
+	var d struct {
+		Completed int64   `json:"completed"`
+		Units     float64 `json:"units_per_s"`
+		RSS       float64 `json:"peak_rss_mb"`
+		Handoff   *pcts   `json:"handoff_ms"`
+		Lateness  *pcts   `json:"lateness_ms"`
+		Latency   *pcts   `json:"latency_ms"`
+	}
+	if err := json.Unmarshal(last, &d); err != nil {
+		return result{}, 0, fmt.Errorf("its JSON line: %w", err)
+	}
+	r := result{units: d.Units, rss: d.RSS}
+	switch {
+	case d.Handoff != nil:
+		r.latency = fmt.Sprintf("hand-off p50 %.2f ms", d.Handoff.P50)
+	case d.Lateness != nil:
+		r.latency = fmt.Sprintf("lateness p99 %.2f ms", d.Lateness.P99)
+	case d.Latency != nil:
+		r.latency = fmt.Sprintf("latency p50 %.2f ms", d.Latency.P50)
+	}
+	return r, d.Completed, nil
+}
+
+type pcts struct {
+	P50 float64 `json:"p50"`
+	P99 float64 `json:"p99"`
+}
+
+// tickUs is one clock tick of /proc/stat in µs (USER_HZ is 100 on Linux).
+const tickUs = 10_000
+
+// busyTicks is the machine's busy time so far in clock ticks: user, nice,
+// system, irq and softirq over all CPUs (not idle, iowait or steal).
+func busyTicks() (int64, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	return parseBusy(b)
+}
+
+func parseBusy(stat []byte) (int64, error) {
+	line, _, _ := bytes.Cut(stat, []byte("\n"))
+	f := strings.Fields(string(line))
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0, errors.New("/proc/stat: no cpu line")
+	}
+	var busy int64
+	for _, i := range []int{1, 2, 3, 6, 7} { // user nice system irq softirq
+		v, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/stat: %w", err)
+		}
+		busy += v
+	}
+	return busy, nil
+}

@@ -17,8 +17,8 @@ import (
 
 func main() {
 	var c config
-	flag.StringVar(&c.a, "a", "", "build A: a ferry binary")
-	flag.StringVar(&c.b, "b", "", "build B: a ferry binary")
+	flag.StringVar(&c.a, "a", "", "build A: the path of a ferry binary")
+	flag.StringVar(&c.b, "b", "", "build B: the path of a ferry binary")
 	flag.StringVar(&c.workload, "workload", "jobs", "the workload (ferry bench --workload)")
 	flag.StringVar(&c.database, "database", "sqlite", "sqlite or a postgres:// URL")
 	flag.IntVar(&c.pairs, "pairs", 5, "pairs of runs")
@@ -52,23 +52,39 @@ func run(c config, out io.Writer) error {
 	if c.pairs < 1 {
 		return errors.New("-pairs must be at least 1")
 	}
+	// One workload, run once: the CPU per unit divides the machine's busy
+	// time over the run by the units of the line it reads.
+	if c.workload == "all" || c.workload == "scale" {
+		return fmt.Errorf("-workload %s: compare one workload at a time", c.workload)
+	}
+	for _, a := range c.extra {
+		if a == "--repeat" || strings.HasPrefix(a, "--repeat=") || a == "-repeat" || strings.HasPrefix(a, "-repeat=") {
+			return errors.New("--repeat: the pairs are the repeats")
+		}
+	}
 	var as, bs []result
 	wins := 0
 	for i := range c.pairs {
-		order := []string{c.a, c.b}
+		// By position, not by path: A and B may be the same binary (a
+		// measure of the noise).
+		order := []bool{false, true} // is B
 		if i%2 == 1 {
-			order = []string{c.b, c.a}
+			order = []bool{true, false}
 		}
 		var ra, rb result
-		for _, bin := range order {
+		for _, isB := range order {
+			bin := c.a
+			if isB {
+				bin = c.b
+			}
 			r, err := once(c, bin)
 			if err != nil {
 				return err
 			}
-			if bin == c.a {
-				r.build, ra = "A", r
-			} else {
+			if isB {
 				r.build, rb = "B", r
+			} else {
+				r.build, ra = "A", r
 			}
 			fmt.Fprintf(out, "%s %s\n", r.build, r)
 		}
@@ -145,17 +161,26 @@ func once(c config, bin string) (result, error) {
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return result{}, fmt.Errorf("%s %s: %w\n%s", bin, strings.Join(args, " "), err, stderr.String())
+		return result{}, fmt.Errorf("%s %s: %w\n%s", bin, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
 	}
 	after, cpuErr2 := busyTicks()
 	r, completed, err := parse(stdout.Bytes())
 	if err != nil {
 		return result{}, fmt.Errorf("%s: %w", bin, err)
 	}
-	if cpuErr == nil && cpuErr2 == nil && completed > 0 {
-		r.busyPerUs = float64(after-before) * tickUs / float64(completed)
+	if cpuErr == nil && cpuErr2 == nil {
+		r.busyPerUs = perUnit(before, after, completed)
 	}
 	return r, nil
+}
+
+// perUnit is the busy time between two /proc/stat readings, in µs, per
+// unit completed (0 when none was).
+func perUnit(before, after, completed int64) float64 {
+	if completed <= 0 {
+		return 0
+	}
+	return float64(after-before) * tickUs / float64(completed)
 }
 
 // parse reads the last JSON line ferry bench printed.

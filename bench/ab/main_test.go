@@ -54,7 +54,15 @@ func TestRunAlternatesAndSummarises(t *testing.T) {
 }
 
 func TestRunRefusesBadConfig(t *testing.T) {
-	for _, c := range []config{{b: "x", pairs: 1}, {a: "x", pairs: 1}, {a: "x", b: "y"}} {
+	for _, c := range []config{
+		{b: "x", pairs: 1},
+		{a: "x", pairs: 1},
+		{a: "x", b: "y"},
+		{a: "x", b: "y", pairs: 1, workload: "all"},
+		{a: "x", b: "y", pairs: 1, workload: "scale"},
+		{a: "x", b: "y", pairs: 1, workload: "jobs", extra: []string{"--repeat", "3"}},
+		{a: "x", b: "y", pairs: 1, workload: "jobs", extra: []string{"--repeat=3"}},
+	} {
 		if err := run(c, &strings.Builder{}); err == nil {
 			t.Errorf("%+v accepted", c)
 		}
@@ -114,5 +122,38 @@ func TestMedian(t *testing.T) {
 		if got := median(c.in); got != c.want {
 			t.Errorf("median(%v) = %v, want %v", c.in, got, c.want)
 		}
+	}
+}
+
+// TestRunSameBinaryTwice: A and B may be one binary (the noise between
+// runs of the same build); each run is labelled by its place in the pair.
+func TestRunSameBinaryTwice(t *testing.T) {
+	dir := t.TempDir()
+	same := fakeFerry(t, dir, "same", filepath.Join(dir, "order"), 800)
+	var out strings.Builder
+	if err := run(config{a: same, b: same, workload: "chain10", database: "sqlite", pairs: 2}, &out); err != nil {
+		t.Fatal(err)
+	}
+	runs := map[string]int{}
+	for _, line := range strings.Split(out.String(), "\n") {
+		if b, _, ok := strings.Cut(line, " 800/s"); ok {
+			runs[b]++
+		}
+	}
+	if runs["A"] != 2 || runs["B"] != 2 {
+		t.Errorf("runs by label %v, want two of A and two of B:\n%s", runs, out.String())
+	}
+	if want := "median units/s: A 800, B 800 (B +0.0 %); B ahead in 0 of 2 pairs"; !strings.Contains(out.String(), want) {
+		t.Errorf("output lacks %q:\n%s", want, out.String())
+	}
+}
+
+func TestPerUnit(t *testing.T) {
+	// 250 ticks of 10 ms busy over 1,000 units: 2,500 µs each.
+	if got := perUnit(1000, 1250, 1000); got != 2500 {
+		t.Errorf("perUnit = %v, want 2500", got)
+	}
+	if got := perUnit(1000, 1250, 0); got != 0 {
+		t.Errorf("perUnit with nothing completed = %v, want 0", got)
 	}
 }

@@ -1,12 +1,15 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -19,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/client"
 	"github.com/ferryhq/ferry/internal/status"
 	"github.com/ferryhq/ferry/internal/store"
 	"github.com/ferryhq/ferry/internal/store/postgres"
@@ -46,8 +50,13 @@ type Options struct {
 	// fanout, sleep, sleep-rss) at this many a second in all; 0 triggers
 	// them as fast as they are taken. jobs creates its runs in batches
 	// first and start has its own gap, so neither takes a rate.
-	Rate   float64
-	Logger *slog.Logger
+	Rate float64
+	// Transport is how the workers and the triggers reach the engine:
+	// "embedded" (the default: in-process calls, the issue's figures) or
+	// "http" (the engine's API served on loopback, the worker SDK and
+	// the triggers going through the Go client, as remote workers do).
+	Transport string
+	Logger    *slog.Logger
 	// progress, when set, receives each scale level as it is measured.
 	progress func(Result)
 }
@@ -175,6 +184,11 @@ type env struct {
 	stop     func()
 	// startWorkers starts the in-process worker pool.
 	startWorkers func()
+	// api is the Go client of the engine's HTTP API (transport http),
+	// else nil: triggers then call the engine. requests counts the
+	// requests the API served.
+	api      *client.Client
+	requests *atomic.Int64
 	// handled counts handler calls: waitDone counts runs in the database
 	// only once the handlers are done, as a count reads every run of the
 	// workflow and would load the database being measured.
@@ -254,10 +268,34 @@ func start(ctx context.Context, o Options, handler worker.HandlerFunc) (*env, er
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = eng.Run(rctx) }()
+	var src worker.Source = eng
+	var api *client.Client
+	requests := new(atomic.Int64)
+	stopServer := func() {}
+	switch o.Transport {
+	case "", "embedded":
+	case "http":
+		api, stopServer, err = serveAPI(ctx, eng, requests)
+		if err != nil {
+			cancel()
+			wg.Wait()
+			eng.Close()
+			cleanup()
+			return nil, err
+		}
+		src = api
+	default:
+		cancel()
+		wg.Wait()
+		eng.Close()
+		cleanup()
+		return nil, fmt.Errorf("transport %q: use embedded or http", o.Transport)
+	}
 	// No-op handlers finish a prefetched task long before its lease ends.
-	w := worker.New(eng, worker.Config{Types: []string{"bench.%"}, Concurrency: o.Workers, Prefetch: o.Workers, Lease: 30 * time.Second, PollWait: time.Second, WorkerID: "bench", Logger: log})
-	e := &env{eng: eng, st: eng.Store(), backend: backend, rate: o.Rate, settings: map[string]any{
+	w := worker.New(src, worker.Config{Types: []string{"bench.%"}, Concurrency: o.Workers, Prefetch: o.Workers, Lease: 30 * time.Second, PollWait: time.Second, WorkerID: "bench", Logger: log})
+	e := &env{eng: eng, st: eng.Store(), api: api, requests: requests, backend: backend, rate: o.Rate, settings: map[string]any{
 		"workers": o.Workers, "worker_prefetch": o.Workers, "engine_concurrency": o.Concurrency, "lease": "30s", "poll_wait": "1s", "trigger_clients": triggerClients,
+		"transport": cmp.Or(o.Transport, "embedded"),
 	}}
 	if backend == "sqlite" {
 		e.settings["sqlite_synchronous"] = "full"
@@ -292,6 +330,7 @@ func start(ctx context.Context, o Options, handler worker.HandlerFunc) (*env, er
 	e.stop = func() {
 		cancel()
 		wg.Wait()
+		stopServer()
 		eng.Close()
 		cleanup()
 	}
@@ -411,7 +450,7 @@ func (e *env) triggerAll(ctx context.Context, workflow string, n int) error {
 					k := issued.Add(1) - 1
 					time.Sleep(time.Until(first.Add(time.Duration(float64(k) / e.rate * float64(time.Second)))))
 				}
-				if _, err := e.eng.Trigger(ctx, workflow, json.RawMessage(fmt.Sprintf(`{"i":%d}`, i)), ""); err != nil {
+				if _, err := e.trigger(ctx, workflow, json.RawMessage(fmt.Sprintf(`{"i":%d}`, i))); err != nil {
 					errs <- err
 					return
 				}
@@ -421,6 +460,72 @@ func (e *env) triggerAll(ctx context.Context, workflow string, n int) error {
 	wg.Wait()
 	close(errs)
 	return <-errs
+}
+
+// trigger starts one run, through the API with transport http, and
+// returns its id.
+func (e *env) trigger(ctx context.Context, workflow string, input json.RawMessage) (string, error) {
+	if e.api != nil {
+		res, _, err := e.api.Trigger(ctx, workflow, input, "")
+		if err != nil {
+			return "", err
+		}
+		return res.RunID, nil
+	}
+	return e.eng.Trigger(ctx, workflow, input, "")
+}
+
+// triggerBatch starts one run per input in one call.
+func (e *env) triggerBatch(ctx context.Context, workflow string, inputs []json.RawMessage) error {
+	if e.api != nil {
+		runs := make([]client.BatchRun, len(inputs))
+		for i, in := range inputs {
+			runs[i].Input = in
+		}
+		_, err := e.api.TriggerBatch(ctx, workflow, runs)
+		return err
+	}
+	batch := make([]ferry.TriggerInput, len(inputs))
+	for i, in := range inputs {
+		batch[i].Input = in
+	}
+	_, err := e.eng.TriggerBatch(ctx, workflow, batch)
+	return err
+}
+
+// serveAPI serves the engine's HTTP API on a loopback port, as `ferry
+// server` does, counting its requests, and returns a client of it with a
+// fresh admin key and the function that stops the server.
+func serveAPI(ctx context.Context, eng *ferry.Engine, requests *atomic.Int64) (*client.Client, func(), error) {
+	key := "fry_" + rand.Text()
+	if _, err := eng.EnsureAPIKey(ctx, key); err != nil {
+		return nil, nil, fmt.Errorf("api key: %w", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, err
+	}
+	h := eng.Handler()
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		h.ServeHTTP(w, r)
+	}), ReadHeaderTimeout: 10 * time.Second}
+	srv.RegisterOnShutdown(eng.Drain)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ln) }()
+	// The client's settings, on a transport of its own: the server's
+	// Shutdown waits up to 5 s for a connection that has not sent a
+	// request yet (the transport dials ahead, and some such connections
+	// go idle unused), so the client's idle connections are closed first.
+	tr := client.NewTransport()
+	stop := func() {
+		tr.CloseIdleConnections()
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		<-done
+	}
+	return client.New("http://"+ln.Addr().String(), key, client.WithHTTPClient(&http.Client{Transport: tr})), stop, nil
 }
 
 // triggerClients is how many goroutines trigger runs at once.
@@ -453,11 +558,11 @@ func (e *env) triggerBatches(ctx context.Context, workflow string, n int) error 
 		go func() {
 			defer wg.Done()
 			for lo := range next {
-				inputs := make([]ferry.TriggerInput, 0, jobsBatch)
+				inputs := make([]json.RawMessage, 0, jobsBatch)
 				for i := lo; i < min(lo+jobsBatch, n); i++ {
-					inputs = append(inputs, ferry.TriggerInput{Input: json.RawMessage(fmt.Sprintf(`{"i":%d}`, i))})
+					inputs = append(inputs, json.RawMessage(fmt.Sprintf(`{"i":%d}`, i)))
 				}
-				if _, err := e.eng.TriggerBatch(ctx, workflow, inputs); err != nil {
+				if err := e.triggerBatch(ctx, workflow, inputs); err != nil {
 					errs <- err
 					for range next {
 					}

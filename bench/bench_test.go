@@ -185,3 +185,35 @@ func TestRatePacesTriggers(t *testing.T) {
 		}
 	}
 }
+
+// TestHTTPTransport: with transport http the workers and the triggers go
+// through the engine's API on loopback (the requests it served are
+// counted: at least one report per task), and an unknown transport is
+// refused.
+func TestHTTPTransport(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs workloads")
+	}
+	for _, w := range []string{"jobs", "chain10", "start"} {
+		res, err := Run(t.Context(), Options{Workload: w, Database: "sqlite", N: 6, Workers: 4, Transport: "http", Timeout: time.Minute}, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", w, err)
+		}
+		r := res[0]
+		steps := map[string]int{"jobs": 1, "chain10": 10, "start": 1}[w]
+		n, _ := r.Settings["http_requests"].(int64)
+		if r.Completed != 6 || r.Settings["transport"] != "http" || n < int64(6*steps) {
+			t.Errorf("%s: completed %d, settings %v", w, r.Completed, r.Settings)
+		}
+	}
+	res, err := Run(t.Context(), Options{Workload: "jobs", Database: "sqlite", N: 6, Workers: 4, Timeout: time.Minute}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := res[0].Settings["http_requests"]; ok || res[0].Settings["transport"] != "embedded" {
+		t.Errorf("embedded: settings %v", res[0].Settings)
+	}
+	if _, err := Run(t.Context(), Options{Workload: "jobs", Database: "sqlite", N: 6, Transport: "grpc", Timeout: time.Minute}, nil); err == nil || !strings.Contains(err.Error(), "transport") {
+		t.Errorf("transport grpc: %v", err)
+	}
+}

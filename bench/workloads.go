@@ -107,7 +107,7 @@ func starts(ctx context.Context, o Options) (Result, error) {
 		next := first.Add(time.Duration(i) * startGap)
 		time.Sleep(time.Until(next)) // the arrival rate, not a synchronisation
 		t0 := time.Now()
-		runID, err := e.eng.Trigger(ctx, "bench-start", json.RawMessage(`{}`), "")
+		runID, err := e.trigger(ctx, "bench-start", json.RawMessage(`{}`))
 		if err != nil {
 			return Result{}, err
 		}
@@ -136,6 +136,9 @@ func starts(ctx context.Context, o Options) (Result, error) {
 
 func result(name string, e *env, o Options) Result {
 	e.settings["n"] = o.N
+	if e.api != nil {
+		e.settings["http_requests"] = e.requests.Load()
+	}
 	return Result{Workload: name, Backend: e.backend, N: o.N, Settings: e.settings}
 }
 

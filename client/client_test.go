@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -479,5 +481,66 @@ func TestAPIErrorFormat(t *testing.T) {
 	want := "invalid_workflow: the workflow definition is invalid\n  tasks.a.url: bad url\n  too big"
 	if got := e.Error(); got != want {
 		t.Fatalf("Error() = %q, want %q", got, want)
+	}
+}
+
+// TestDefaultClientKeepsConnections: a client with many requests in flight
+// at once reuses its connections from one round to the next instead of
+// closing all but two and dialling again (http.DefaultClient's limit).
+func TestDefaultClientKeepsConnections(t *testing.T) {
+	const inFlight, rounds = 16, 10
+	var (
+		mu      sync.Mutex
+		dialled int
+		waiting int
+		all     = make(chan struct{})
+	)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Each round's requests wait for one another, so that the round
+		// really has inFlight of them on as many connections.
+		mu.Lock()
+		waiting++
+		ch := all
+		if waiting == inFlight {
+			close(all)
+			all, waiting = make(chan struct{}), 0
+		}
+		mu.Unlock()
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"data": {"type": "x.v1", "description": "", "enabled": true}}`)
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			mu.Lock()
+			dialled++
+			mu.Unlock()
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	c := client.New(srv.URL, "k")
+	for range rounds {
+		var wg sync.WaitGroup
+		for range inFlight {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := c.GetTaskType(context.Background(), "x.v1"); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// The first round dials inFlight connections; the transport may dial
+	// a few more ahead. Two idle ones kept would make it ≈ 16 + 9 × 14.
+	if dialled > 2*inFlight {
+		t.Fatalf("%d connections dialled for %d rounds of %d requests at once", dialled, rounds, inFlight)
 	}
 }

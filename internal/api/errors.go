@@ -46,6 +46,11 @@ type ErrorDetail struct {
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
+	if b, put := encodeResponse(v); b != nil {
+		_, _ = w.Write(b)
+		put()
+		return
+	}
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
 	_ = enc.Encode(v)

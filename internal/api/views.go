@@ -28,6 +28,9 @@ func (o *ordered) set(k string, v any) {
 }
 
 func (o *ordered) MarshalJSON() ([]byte, error) {
+	if b, ok := appendJSON(nil, o, true); ok {
+		return b, nil
+	}
 	var buf bytes.Buffer
 	buf.WriteByte('{')
 	for i, k := range o.keys {

@@ -66,6 +66,7 @@ dropped afterwards.`,
 	f.DurationVar(&o.Timeout, "timeout", 30*time.Minute, "give up on a workload after this long")
 	f.IntVar(&o.Repeat, "repeat", 1, "run each workload this many times and report the median run (by units/s)")
 	f.Float64Var(&o.Rate, "rate", 0, "trigger the runs of chain10, fanout, sleep and sleep-rss at this many a second in all (default: as fast as they are taken)")
+	f.StringVar(&o.Transport, "transport", "embedded", "embedded (in-process calls) or http (the engine's API on loopback; workers and triggers through the Go client, as remote workers do)")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object per workload")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile (pprof) to this file")
 	f.StringVar(&memProfile, "memprofile", "", "write an allocation profile (pprof: -sample_index=alloc_space) to this file at the end")

@@ -9,6 +9,10 @@
 //	res, _, err := c.Trigger(ctx, "order-processing", json.RawMessage(`{"order_id": 42}`), "")
 //	run, err := c.GetRun(ctx, res.RunID)
 //
+// Requests go through a transport (NewTransport) that keeps up to
+// MaxIdleConnsPerHost idle connections to the server, one for each request
+// a worker has in flight; WithHTTPClient replaces it.
+//
 // Every failed request the server answered is an *APIError carrying the
 // HTTP status, the error code and, for invalid definitions, one detail per
 // problem located by a JSON path; use errors.As to inspect it.

@@ -163,10 +163,13 @@ func (e *env) drive(ctx context.Context, o Options, name, def string, stepsPerRu
 	// The handlers' calls so far, before the triggers: with the workers
 	// already running, some of this workload's are made while it triggers.
 	calls := e.handled.Load() + int64(o.N*tasksPerRun)
+	createStart := time.Now()
 	if err := trigger(ctx, wfName, o.N); err != nil {
 		return Result{}, nil, err
 	}
 	if drainAfter {
+		// How the span splits: creating every run, then draining them.
+		e.settings["create_s"] = round(time.Since(createStart).Seconds())
 		e.startWorkers()
 	}
 	completed, err := e.waitDone(ctx, id, o.N, calls, o.Timeout)

@@ -132,6 +132,7 @@ func once(ctx context.Context, database string, n int) (result, error) {
 			return result{}, fmt.Errorf("insert: %w", err)
 		}
 	}
+	created := time.Since(start).Seconds()
 	if err := client.Start(ctx); err != nil {
 		return result{}, err
 	}
@@ -158,7 +159,7 @@ func once(ctx context.Context, database string, n int) (result, error) {
 	return result{
 		Workload: "jobs", Backend: "postgres", N: n, Completed: len(lat), TotalS: round(total),
 		UnitsPerS: round(float64(n) / total), StepsPerS: round(float64(n) / total), LatencyMS: percentiles(lat),
-		Settings: map[string]any{"peer": "river", "workers": workers, "fetch_cooldown_ms": 2, "fetch_poll_interval_ms": 20, "insert_batch": insertBatch},
+		Settings: map[string]any{"peer": "river", "workers": workers, "fetch_cooldown_ms": 2, "fetch_poll_interval_ms": 20, "insert_batch": insertBatch, "create_s": round(created)},
 	}, nil
 }
 

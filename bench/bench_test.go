@@ -216,4 +216,9 @@ func TestHTTPTransport(t *testing.T) {
 	if _, err := Run(t.Context(), Options{Workload: "jobs", Database: "sqlite", N: 6, Transport: "grpc", Timeout: time.Minute}, nil); err == nil || !strings.Contains(err.Error(), "transport") {
 		t.Errorf("transport grpc: %v", err)
 	}
+	// scale times its claims in process: it refuses http rather than
+	// label those figures HTTP.
+	if _, err := Run(t.Context(), Options{Workload: "scale", Database: "sqlite", N: 300, Transport: "http", Timeout: time.Minute}, nil); err == nil || !strings.Contains(err.Error(), "--transport http") {
+		t.Errorf("scale over http: %v", err)
+	}
 }

@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // maxResponse bounds how much of a response body is read.
@@ -31,7 +33,9 @@ type Option func(*Client)
 // the default one, whose transport (NewTransport) keeps up to
 // MaxIdleConnsPerHost idle connections to the server. A transport of
 // your own should keep as many as the client has requests in flight, or
-// its connections are closed and opened again.
+// its connections are closed and opened again. The default is not
+// http.DefaultClient: settings made on that (a proxy, tracing, TLS) reach
+// a Client only through this option.
 func WithHTTPClient(hc *http.Client) Option {
 	return func(c *Client) {
 		if hc != nil {
@@ -61,11 +65,28 @@ const MaxIdleConnsPerHost = 4096
 var defaultHTTP = &http.Client{Transport: NewTransport()}
 
 // NewTransport is the default client's transport: http.DefaultTransport's
-// settings, keeping up to MaxIdleConnsPerHost idle connections to the
-// server. A client given with WithHTTPClient may start from it.
+// settings (a copy, taken when called), keeping up to MaxIdleConnsPerHost
+// idle connections to the server. A client given with WithHTTPClient may
+// start from it. If http.DefaultTransport was replaced by something other
+// than an *http.Transport, it starts from Go's documented defaults.
 func NewTransport() *http.Transport {
-	t := http.DefaultTransport.(*http.Transport).Clone()
-	t.MaxIdleConns = 0 // no limit in all; per host, the one below
+	t, ok := http.DefaultTransport.(*http.Transport)
+	if ok {
+		t = t.Clone()
+	} else {
+		t = &http.Transport{
+			Proxy:                 http.ProxyFromEnvironment,
+			DialContext:           (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			ForceAttemptHTTP2:     true,
+			IdleConnTimeout:       90 * time.Second,
+			TLSHandshakeTimeout:   10 * time.Second,
+			ExpectContinueTimeout: time.Second,
+		}
+	}
+	// No limit on idle connections in all: a client talks to one server,
+	// whose limit is the one below, and idle ones still close after
+	// IdleConnTimeout.
+	t.MaxIdleConns = 0
 	t.MaxIdleConnsPerHost = MaxIdleConnsPerHost
 	return t
 }

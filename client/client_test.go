@@ -544,3 +544,24 @@ func TestDefaultClientKeepsConnections(t *testing.T) {
 		t.Fatalf("%d connections dialled for %d rounds of %d requests at once", dialled, rounds, inFlight)
 	}
 }
+
+// TestNewTransportWithReplacedDefault: a program that replaced
+// http.DefaultTransport with a RoundTripper of its own still gets a
+// transport keeping the client's idle connections, not a panic.
+func TestNewTransportWithReplacedDefault(t *testing.T) {
+	orig := http.DefaultTransport
+	t.Cleanup(func() { http.DefaultTransport = orig })
+	http.DefaultTransport = roundTripFunc(func(r *http.Request) (*http.Response, error) { return orig.RoundTrip(r) })
+	tr := client.NewTransport()
+	if tr.MaxIdleConnsPerHost != client.MaxIdleConnsPerHost || tr.MaxIdleConns != 0 || tr.Proxy == nil || tr.IdleConnTimeout == 0 {
+		t.Fatalf("transport %+v", tr)
+	}
+	http.DefaultTransport = orig
+	if got := client.NewTransport(); got.MaxIdleConnsPerHost != client.MaxIdleConnsPerHost || got.TLSHandshakeTimeout != orig.(*http.Transport).TLSHandshakeTimeout {
+		t.Fatalf("from the default transport: %+v", got)
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -46,9 +46,9 @@ type ErrorDetail struct {
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
-	if b, put := encodeResponse(v); b != nil {
+	if b, bp := encodeResponse(v); b != nil {
 		_, _ = w.Write(b)
-		put()
+		putResponse(bp, b)
 		return
 	}
 	enc := json.NewEncoder(w)

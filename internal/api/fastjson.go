@@ -143,14 +143,16 @@ func appendJSONString(b []byte, s string, html bool) ([]byte, bool) {
 }
 
 // appendRaw writes a json.RawMessage as encoding/json does: compacted,
-// after checking it is valid. A nil one is null. One holding a byte that
-// json.Marshal would escape (<, > or &, or the first byte of U+2028 and
-// U+2029) is left to encoding/json.
+// after checking it is valid. A nil one is null. One that json.Marshal
+// would change further (it escapes <, > and &, and U+2028 and U+2029)
+// is left to encoding/json: 0xE2 is the first byte of both of those. (A
+// string of characters to ContainsAny would not do: it reads "\xe2" as
+// U+FFFD, which a valid U+2028 does not contain.)
 func appendRaw(b []byte, raw json.RawMessage) ([]byte, bool) {
 	if raw == nil {
 		return append(b, "null"...), true
 	}
-	if bytes.ContainsAny(raw, "<>&\xe2") {
+	if bytes.IndexByte(raw, 0xe2) >= 0 || bytes.ContainsAny(raw, "<>&") {
 		return b, false
 	}
 	buf := bytes.NewBuffer(b)
@@ -164,20 +166,23 @@ func appendRaw(b []byte, raw json.RawMessage) ([]byte, bool) {
 var responseBufs = sync.Pool{New: func() any { b := make([]byte, 0, 2048); return &b }}
 
 // encodeResponse is what json.NewEncoder with SetEscapeHTML(false) writes
-// for v, newline included, and whether it was written here (else nil: the
-// caller encodes it). put gives the buffer back once written out.
-func encodeResponse(v any) (out []byte, put func()) {
-	bp := responseBufs.Get().(*[]byte)
+// for v, newline included, or nil when v is left to encoding/json. Once
+// out is written, putResponse(bp, out) gives the buffer back.
+func encodeResponse(v any) (out []byte, bp *[]byte) {
+	bp = responseBufs.Get().(*[]byte)
 	b, ok := appendJSON((*bp)[:0], v, false)
 	if !ok {
 		responseBufs.Put(bp)
 		return nil, nil
 	}
-	b = append(b, '\n')
-	return b, func() {
-		if cap(b) <= 64<<10 { // a large one is not kept
-			*bp = b[:0]
-			responseBufs.Put(bp)
-		}
+	return append(b, '\n'), bp
+}
+
+// putResponse returns a response's buffer (grown to out) to the pool; a
+// large one is not kept.
+func putResponse(bp *[]byte, out []byte) {
+	if cap(out) <= 64<<10 {
+		*bp = out[:0]
+		responseBufs.Put(bp)
 	}
 }

@@ -156,12 +156,12 @@ func checkResponseJSON(t *testing.T, fast, all *int) {
 		v := jsonValue(3, rapid.IntRange(0, 4).Draw(t, "kind") == 0).Draw(t, "value")
 		want := encodingJSON(v)
 		*all++
-		if b, put := encodeResponse(v); b != nil {
+		if b, bp := encodeResponse(v); b != nil {
 			*fast++
 			if !bytes.Equal(b, want) {
 				t.Fatalf("fast path wrote\n%s\nencoding/json\n%s", b, want)
 			}
-			put()
+			putResponse(bp, b)
 		}
 		rec := httptest.NewRecorder()
 		writeJSON(rec, 200, v)
@@ -193,12 +193,43 @@ func TestResponseJSONTakesTheViews(t *testing.T) {
 	task.set("status_code", (*int)(nil))
 	task.set("headers", map[string]string{"Content-Type": "application/json"})
 	v := map[string]any{"data": task, "next": []any{task}}
-	b, put := encodeResponse(v)
+	b, bp := encodeResponse(v)
 	if b == nil {
 		t.Fatal("a completion's answer went to encoding/json")
 	}
-	defer put()
+	defer putResponse(bp, b)
 	if want := encodingJSON(v); !bytes.Equal(b, want) {
 		t.Fatalf("wrote\n%s\nencoding/json\n%s", b, want)
+	}
+}
+
+// TestResponseJSONEscapes pins the escapes that differ between the top
+// level (no HTML escaping) and inside an ordered object (json.Marshal's),
+// in strings and in raw values, whatever rapid draws.
+func TestResponseJSONEscapes(t *testing.T) {
+	for _, v := range []any{
+		"\u2028", "<b>&", "a\u2029b", "\xff", "é",
+		json.RawMessage("\"\u2028\""),
+		json.RawMessage(`{"a": "x` + "\u2029" + `y", "b": [1, 2]}`),
+		json.RawMessage(`"<b>&"`),
+		json.RawMessage("\"\xff\""),
+		json.RawMessage(`{"é": "ü"}`),
+	} {
+		o := &ordered{}
+		o.set("p", v)
+		for _, x := range []any{v, o, []any{o}, map[string]any{"data": o, "next": []any{v}}} {
+			want := encodingJSON(x)
+			rec := httptest.NewRecorder()
+			writeJSON(rec, 200, x)
+			if got := rec.Body.Bytes(); !bytes.Equal(got, want) {
+				t.Errorf("%#v: writeJSON wrote %q, encoding/json %q", x, got, want)
+			}
+			if b, bp := encodeResponse(x); b != nil {
+				if !bytes.Equal(b, want) {
+					t.Errorf("%#v: the fast path wrote %q, encoding/json %q", x, b, want)
+				}
+				putResponse(bp, b)
+			}
+		}
 	}
 }

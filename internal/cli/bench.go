@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"runtime/pprof"
 	"time"
@@ -15,14 +16,15 @@ import (
 func benchCmd() *cobra.Command {
 	var o bench.Options
 	var asJSON bool
-	var cpuProfile, memProfile string
+	var cpuProfile, memProfile, logLevel string
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure throughput and latency on an embedded engine (jobs, chain10, fanout, sleep)",
 		Long: `Run benchmark workloads on an embedded engine with in-process no-op task
-handlers (the worker SDK, no HTTP). Each workload runs on a fresh database: a
-temporary SQLite file, or a new schema in the given Postgres database that is
-dropped afterwards.`,
+handlers (the worker SDK; with --transport http through the engine's API on
+loopback). Each workload runs on a fresh database: a temporary SQLite file, or
+a new schema in the given Postgres database that is dropped afterwards. The
+engine's log goes to stderr from --log-level up.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			out := cmd.OutOrStdout()
 			if cpuProfile != "" {
@@ -43,6 +45,13 @@ dropped afterwards.`,
 						f.Close()
 					}
 				}()
+			}
+			if logLevel != "off" {
+				var lvl slog.Level
+				if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
+					return fmt.Errorf("--log-level: %w (or off)", err)
+				}
+				o.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
 			}
 			var w io.Writer
 			if asJSON {
@@ -67,6 +76,7 @@ dropped afterwards.`,
 	f.IntVar(&o.Repeat, "repeat", 1, "run each workload this many times and report the median run (by units/s)")
 	f.Float64Var(&o.Rate, "rate", 0, "trigger the runs of chain10, fanout, sleep and sleep-rss at this many a second in all (default: as fast as they are taken)")
 	f.StringVar(&o.Transport, "transport", "embedded", "embedded (in-process calls) or http (the engine's API on loopback; workers and triggers through the Go client, as remote workers do)")
+	f.StringVar(&logLevel, "log-level", "warn", "the engine's log on stderr from this level: debug, info, warn, error or off")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object per workload")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile (pprof) to this file")
 	f.StringVar(&memProfile, "memprofile", "", "write an allocation profile (pprof: -sample_index=alloc_space) to this file at the end")

@@ -201,6 +201,16 @@ func TestResponseJSONTakesTheViews(t *testing.T) {
 	if want := encodingJSON(v); !bytes.Equal(b, want) {
 		t.Fatalf("wrote\n%s\nencoding/json\n%s", b, want)
 	}
+	// And the benchmark's answer, so that it measures the fast path.
+	answer := completionAnswer()
+	b2, bp2 := encodeResponse(answer)
+	if b2 == nil {
+		t.Fatal("the benchmark's completion answer went to encoding/json")
+	}
+	defer putResponse(bp2, b2)
+	if want := encodingJSON(answer); !bytes.Equal(b2, want) {
+		t.Fatalf("wrote\n%s\nencoding/json\n%s", b2, want)
+	}
 }
 
 // TestResponseJSONEscapes pins the escapes that differ between the top
@@ -232,4 +242,54 @@ func TestResponseJSONEscapes(t *testing.T) {
 			}
 		}
 	}
+}
+
+// completionAnswer is what a report that takes the run's next step is
+// answered with: the task completed and the task claimed.
+func completionAnswer() any {
+	at := time.Date(2026, 11, 27, 16, 0, 0, 123456000, time.UTC)
+	task := &ordered{}
+	for _, kv := range [][2]any{
+		{"id", "01a21dbb-ceaf-7bfd-bcc2-52c12e675ce6"}, {"type", "bench.noop.v1"}, {"status", "succeeded"},
+		{"payload", json.RawMessage(`{}`)}, {"priority", 100}, {"run_at", at}, {"attempt", 1}, {"max_attempts", 3},
+		{"retry_delay", "1s"}, {"idempotency_key", nil}, {"leased_by", "bench"}, {"lease_until", nil},
+		{"cancel_requested", false}, {"result", json.RawMessage(`{"ok":true}`)}, {"last_error", nil},
+		{"run_id", "01a21dbb-ceaf-7bfa-8cc3-b1859954517c"}, {"step", "s1"}, {"created_at", at}, {"updated_at", at}, {"finished_at", at},
+	} {
+		task.set(kv[0].(string), kv[1])
+	}
+	next := &ordered{}
+	for _, kv := range [][2]any{
+		{"id", "01a21dbb-ceaf-7bfd-bcc2-52c12e675ce7"}, {"type", "bench.noop.v1"}, {"payload", json.RawMessage(`{}`)},
+		{"attempt", 1}, {"max_attempts", 3}, {"lease_token", "HB6YKW7XZPA6TDGAUYZINFLWWB"}, {"lease_until", at},
+		{"run_id", "01a21dbb-ceaf-7bfa-8cc3-b1859954517c"}, {"step", "s2"},
+	} {
+		next.set(kv[0].(string), kv[1])
+	}
+	return map[string]any{"data": task, "next": []any{next}}
+}
+
+// BenchmarkCompletionAnswer writes a completion's answer as writeJSON
+// does, and as encoding/json did before.
+func BenchmarkCompletionAnswer(b *testing.B) {
+	v := completionAnswer()
+	b.Run("writeJSON", func(b *testing.B) {
+		b.ReportAllocs()
+		w := httptest.NewRecorder()
+		for b.Loop() {
+			w.Body.Reset()
+			writeJSON(w, 200, v)
+		}
+	})
+	b.Run("encoding-json", func(b *testing.B) {
+		b.ReportAllocs()
+		var buf bytes.Buffer
+		ref := reference(v)
+		for b.Loop() {
+			buf.Reset()
+			enc := json.NewEncoder(&buf)
+			enc.SetEscapeHTML(false)
+			_ = enc.Encode(ref)
+		}
+	})
 }

@@ -357,6 +357,86 @@ func (c *Client) CompleteTaskAndClaim(ctx context.Context, id, token string, res
 	return env.Next, nil
 }
 
+// MaxCompleteBatch is the most completions one CompleteTasks call sends.
+const MaxCompleteBatch = 100
+
+// Completion is one task's success for CompleteTasks.
+type Completion struct {
+	ID         string
+	LeaseToken string
+	// Result is any value that encodes as JSON, as in CompleteTask.
+	Result any
+}
+
+// CompletionResult is how the server answered one Completion: Err is
+// what CompleteTask would have returned for it alone (an *APIError,
+// matching ErrLeaseLost or ErrTaskFinished as there), and Next the tasks
+// it was handed when CompleteTasks asked for them.
+type CompletionResult struct {
+	ID   string
+	Next []ClaimedTask
+	Err  error
+}
+
+// CompleteTasks reports several tasks' success in one request (1 to
+// MaxCompleteBatch): each is applied and answered as CompleteTask (with
+// next: CompleteTaskAndClaim, each completion taking up to next.Max of
+// the tasks it starts) would apply and answer it, and one failing does
+// not hold back the others. The error is for the request as a whole (no
+// answer, or a malformed request); the results are in the order of cs.
+func (c *Client) CompleteTasks(ctx context.Context, cs []Completion, next *ClaimRequest) ([]CompletionResult, error) {
+	type item struct {
+		ID         string          `json:"id"`
+		LeaseToken string          `json:"lease_token"`
+		Result     json.RawMessage `json:"result,omitempty"`
+	}
+	body := struct {
+		Completions []item         `json:"completions"`
+		Next        map[string]any `json:"next,omitempty"`
+	}{Completions: make([]item, len(cs))}
+	for i, cp := range cs {
+		body.Completions[i] = item{ID: cp.ID, LeaseToken: cp.LeaseToken}
+		if cp.Result != nil {
+			raw, err := marshalResult(cp.Result)
+			if err != nil {
+				return nil, err
+			}
+			body.Completions[i].Result = raw
+		}
+	}
+	if next != nil {
+		body.Next = next.body()
+	}
+	var answers []struct {
+		ID     string        `json:"id"`
+		Status int           `json:"status"`
+		Next   []ClaimedTask `json:"next"`
+		Error  *struct {
+			Code    string `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if err := c.post(ctx, "/api/v1/tasks/complete", body, &answers); err != nil {
+		return nil, err
+	}
+	if len(answers) != len(cs) {
+		return nil, fmt.Errorf("ferry: complete tasks: %d answers for %d completions", len(answers), len(cs))
+	}
+	out := make([]CompletionResult, len(cs))
+	for i, a := range answers {
+		out[i] = CompletionResult{ID: a.ID, Next: a.Next}
+		switch {
+		case a.ID != cs[i].ID:
+			return nil, fmt.Errorf("ferry: complete tasks: answer %d is for task %q, not %q", i, a.ID, cs[i].ID)
+		case a.Error != nil:
+			out[i].Err = &APIError{StatusCode: a.Status, Code: a.Error.Code, Message: a.Error.Message}
+		case next != nil && out[i].Next == nil:
+			out[i].Next = []ClaimedTask{}
+		}
+	}
+	return out, nil
+}
+
 // FailTask reports a failed attempt. A retryable failure is retried with
 // backoff while attempts remain; otherwise the task fails for good. Errors
 // are those of CompleteTask.

@@ -328,3 +328,103 @@ func TestTaskJSONRoundTrip(t *testing.T) {
 		t.Fatalf("round trip %s: %+v %v", b, back, err)
 	}
 }
+
+// TestCompleteTasks: completions sent together are applied and answered
+// one by one (a stale lease refused for its task alone, the others
+// stored with their results), each takes the next step its completion
+// starts, and a malformed request is refused whole, naming the field.
+func TestCompleteTasks(t *testing.T) {
+	c, _ := startServer(t)
+	ctx := context.Background()
+	var ids []string
+	for i := range 3 {
+		task, _, err := c.CreateTask(ctx, client.NewTask{Type: "batch.v1", Payload: json.RawMessage(fmt.Sprintf(`{"i": %d}`, i))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, task.ID)
+	}
+	got, err := c.ClaimTasks(ctx, client.ClaimRequest{Types: []string{"batch.v1"}, WorkerID: "w", Max: 3})
+	if err != nil || len(got) != 3 {
+		t.Fatalf("claim: %v %v", got, err)
+	}
+	res, err := c.CompleteTasks(ctx, []client.Completion{
+		{ID: got[0].ID, LeaseToken: got[0].LeaseToken, Result: map[string]int{"n": 0}},
+		{ID: got[1].ID, LeaseToken: "not-the-token", Result: map[string]int{"n": 1}},
+		{ID: got[2].ID, LeaseToken: got[2].LeaseToken, Result: json.RawMessage(`{"n": 2}`)},
+	}, nil)
+	if err != nil || len(res) != 3 {
+		t.Fatalf("complete: %v %v", res, err)
+	}
+	if res[0].ID != got[0].ID || res[0].Err != nil || res[2].Err != nil || !errors.Is(res[1].Err, client.ErrLeaseLost) || res[0].Next != nil {
+		t.Fatalf("results %+v", res)
+	}
+	for i, want := range []string{client.TaskSucceeded, client.TaskLeased, client.TaskSucceeded} {
+		task, err := c.GetTask(ctx, got[i].ID)
+		if err != nil || task.Status != want {
+			t.Fatalf("task %d: %v %v", i, task, err)
+		}
+		if want == client.TaskSucceeded && string(task.Result) != fmt.Sprintf(`{"n":%d}`, i) {
+			t.Errorf("task %d result %s", i, task.Result)
+		}
+	}
+	// Completed again: refused as finished, item by item.
+	res, err = c.CompleteTasks(ctx, []client.Completion{{ID: got[0].ID, LeaseToken: got[0].LeaseToken}}, nil)
+	if err != nil || !errors.Is(res[0].Err, client.ErrTaskFinished) {
+		t.Fatalf("again: %+v %v", res, err)
+	}
+
+	// With next: each completion takes the step it starts.
+	if _, err := c.CreateWorkflow(ctx, []byte(`{"name": "batch-chain", "tasks": {"a": {"task": {"type": "batch.step.v1"}}, "b": {"needs": ["a"], "task": {"type": "batch.step.v1"}}}}`)); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, _, err := c.Trigger(ctx, "batch-chain", nil, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	firsts, err := c.ClaimTasks(ctx, client.ClaimRequest{Types: []string{"batch.step.v1"}, WorkerID: "w", Max: 2, Wait: 5 * time.Second})
+	for err == nil && len(firsts) < 2 {
+		var more []client.ClaimedTask
+		more, err = c.ClaimTasks(ctx, client.ClaimRequest{Types: []string{"batch.step.v1"}, WorkerID: "w", Max: 2 - len(firsts), Wait: 5 * time.Second})
+		firsts = append(firsts, more...)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := client.ClaimRequest{Types: []string{"batch.step.v1"}, WorkerID: "w", Max: 1}
+	res, err = c.CompleteTasks(ctx, []client.Completion{
+		{ID: firsts[0].ID, LeaseToken: firsts[0].LeaseToken},
+		{ID: firsts[1].ID, LeaseToken: firsts[1].LeaseToken},
+	}, &next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if r.Err != nil || len(r.Next) != 1 || r.Next[0].RunID != firsts[i].RunID || r.Next[0].Step != "b" || r.Next[0].LeaseToken == "" {
+			t.Fatalf("completion %d: %+v", i, r)
+		}
+	}
+
+	// Malformed requests are refused whole.
+	for _, tc := range []struct {
+		cs   []client.Completion
+		path string
+	}{
+		{nil, "completions"},
+		{make([]client.Completion, client.MaxCompleteBatch+1), "completions"},
+		{[]client.Completion{{ID: ids[0]}}, "completions[0].lease_token"},
+		{[]client.Completion{{LeaseToken: "x"}}, "completions[0].id"},
+		{[]client.Completion{{ID: ids[0], LeaseToken: "x"}, {ID: ids[0], LeaseToken: "y"}}, "completions[1].id"},
+	} {
+		_, err := c.CompleteTasks(ctx, tc.cs, nil)
+		ae := apiError(t, err)
+		if ae.StatusCode != http.StatusBadRequest || len(ae.Details) != 1 || ae.Details[0].Path != tc.path {
+			t.Errorf("%d completions: %v (%+v)", len(tc.cs), err, ae.Details)
+		}
+	}
+	wait := client.ClaimRequest{Types: []string{"x"}, Wait: time.Second}
+	if _, err := c.CompleteTasks(ctx, []client.Completion{{ID: ids[0], LeaseToken: "x"}}, &wait); apiError(t, err).Details[0].Path != "next.wait_seconds" {
+		t.Errorf("next with a wait: %v", err)
+	}
+}

@@ -70,6 +70,14 @@ type Config struct {
 	// completed task held: no claim round trip between the steps. Tasks
 	// taken this way skip the queue's priority order.
 	NoEager bool
+	// NoBatch turns off batched completions. By default, when the Source
+	// is a BatchSource (*client.Client), completions of handlers that
+	// finish while up to four completion requests are in flight wait and
+	// go together in the next request, up to 100 a request; each is still
+	// answered on its own. A completion finds a request free at once
+	// unless the worker finishes tasks faster than it can report them one
+	// by one.
+	NoBatch bool
 }
 
 // Context causes of a handler's cancellation (see context.Cause). A lost
@@ -142,6 +150,10 @@ type Worker struct {
 	mu       sync.Mutex
 	handlers map[string]HandlerFunc
 	running  bool
+
+	// eagerK and plainK batch completions (with and without eager
+	// dispatch) when the source is a BatchSource; set by Run.
+	eagerK, plainK *completer
 }
 
 // Tunables of the loop.
@@ -255,6 +267,18 @@ func (w *Worker) Run(ctx context.Context) error {
 		wg       sync.WaitGroup
 		inflight = make(chan struct{}, w.cfg.Concurrency) // a slot per held task
 	)
+	w.eagerK, w.plainK = nil, nil
+	if bs, ok := w.src.(BatchSource); ok && !w.cfg.NoBatch {
+		w.plainK = &completer{src: bs, single: func(ctx context.Context, c client.Completion) ([]client.ClaimedTask, error) {
+			return nil, w.src.CompleteTask(ctx, c.ID, c.LeaseToken, c.Result)
+		}}
+		if es, ok := w.src.(EagerSource); ok && !w.cfg.NoEager {
+			next := client.ClaimRequest{Types: w.claimTypes(), WorkerID: w.cfg.WorkerID, Lease: w.cfg.Lease, Max: 1}
+			w.eagerK = &completer{src: bs, next: &next, single: func(ctx context.Context, c client.Completion) ([]client.ClaimedTask, error) {
+				return es.CompleteTaskAndClaim(ctx, c.ID, c.LeaseToken, c.Result, next)
+			}}
+		}
+	}
 	w.log.Info("worker started", "types", w.claimTypes(), "concurrency", w.cfg.Concurrency, "lease", w.cfg.Lease)
 	w.claimLoop(ctx, hctx, inflight, &wg)
 
@@ -435,10 +459,15 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 			if w.log.Enabled(ctx, slog.LevelDebug) {
 				log.get().Debug("task handled", "duration", time.Since(start))
 			}
+			c := client.Completion{ID: ct.ID, LeaseToken: ct.LeaseToken, Result: json.RawMessage(raw)}
 			es, eager := w.src.(EagerSource)
 			if !eager || w.cfg.NoEager || ctx.Err() != nil {
 				w.report(log, "complete", func(ctx context.Context) error {
-					return w.src.CompleteTask(ctx, ct.ID, ct.LeaseToken, json.RawMessage(raw))
+					if w.plainK != nil {
+						_, err := w.plainK.complete(ctx, c)
+						return err
+					}
+					return w.src.CompleteTask(ctx, ct.ID, ct.LeaseToken, c.Result)
 				})
 				return nil
 			}
@@ -448,7 +477,11 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 			var next []client.ClaimedTask
 			w.report(log, "complete", func(rctx context.Context) error {
 				var err error
-				next, err = es.CompleteTaskAndClaim(rctx, ct.ID, ct.LeaseToken, json.RawMessage(raw),
+				if w.eagerK != nil {
+					next, err = w.eagerK.complete(rctx, c)
+					return err
+				}
+				next, err = es.CompleteTaskAndClaim(rctx, ct.ID, ct.LeaseToken, c.Result,
 					client.ClaimRequest{Types: w.claimTypes(), WorkerID: w.cfg.WorkerID, Lease: w.cfg.Lease, Max: 1})
 				return err
 			})

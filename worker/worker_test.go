@@ -1170,3 +1170,85 @@ func stalePrefetched(t *testing.T, shutdown bool) {
 		}
 	})
 }
+
+// pathCounter counts a client's requests by method and path pattern.
+type pathCounter struct {
+	mu    sync.Mutex
+	n     map[string]int
+	inner http.RoundTripper
+}
+
+func (p *pathCounter) RoundTrip(r *http.Request) (*http.Response, error) {
+	key := r.Method + " " + r.URL.Path
+	if strings.HasPrefix(r.URL.Path, "/api/v1/tasks/") && strings.HasSuffix(r.URL.Path, "/complete") && r.URL.Path != "/api/v1/tasks/complete" {
+		key = r.Method + " /api/v1/tasks/{id}/complete"
+	}
+	p.mu.Lock()
+	p.n[key]++
+	p.mu.Unlock()
+	return p.inner.RoundTrip(r)
+}
+
+func (p *pathCounter) count(key string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.n[key]
+}
+
+// TestBatchedCompletions: over HTTP, completions of handlers that finish
+// together go in shared requests, each task stored with its own result;
+// with NoBatch each goes alone.
+func TestBatchedCompletions(t *testing.T) {
+	for _, noBatch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("NoBatch=%v", noBatch), func(t *testing.T) {
+			t.Parallel()
+			srv := ferrytest.Start(t)
+			pc := &pathCounter{n: map[string]int{}, inner: client.NewTransport()}
+			c := client.New(srv.URL, srv.Key, client.WithHTTPClient(&http.Client{Transport: pc}))
+			e := &env{srv: srv, c: c, src: c, prod: c}
+			const n, slots = 64, 32
+			ids := make([]string, n)
+			for i := range ids {
+				ids[i] = e.create(t, "test.batch.v1", fmt.Sprintf(`{"n": %d}`, i))
+			}
+			// The handlers wait until all slots are busy, then return at
+			// once: their reports pile up behind the first few requests.
+			var running atomic.Int32
+			gate := make(chan struct{})
+			var once sync.Once
+			w := newWorker(t, c, worker.Config{Concurrency: slots, Lease: 10 * time.Second, NoBatch: noBatch})
+			w.Handle("test.batch.v1", func(ctx context.Context, task *worker.Task) (any, error) {
+				if running.Add(1) >= slots {
+					once.Do(func() { close(gate) })
+				}
+				select {
+				case <-gate:
+				case <-time.After(waitFor):
+				}
+				var in struct{ N int }
+				if err := task.Decode(&in); err != nil {
+					return nil, worker.NonRetryable(err)
+				}
+				return map[string]int{"n": in.N}, nil
+			})
+			start(t, w)
+			for i, id := range ids {
+				task := e.waitTask(t, id, "success", status(client.TaskSucceeded))
+				if string(task.Result) != fmt.Sprintf(`{"n":%d}`, i) {
+					t.Fatalf("task %d result %s", i, task.Result)
+				}
+			}
+			batched, alone := pc.count("POST /api/v1/tasks/complete"), pc.count("POST /api/v1/tasks/{id}/complete")
+			if noBatch {
+				if batched != 0 || alone != n {
+					t.Fatalf("NoBatch: %d batched requests, %d alone for %d tasks", batched, alone, n)
+				}
+				return
+			}
+			t.Logf("%d batched requests for %d tasks", batched, n)
+			if alone != 0 || batched == 0 || batched > n/2 {
+				t.Fatalf("%d batched requests, %d alone for %d tasks", batched, alone, n)
+			}
+		})
+	}
+}

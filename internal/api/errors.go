@@ -64,36 +64,45 @@ func writeError(w http.ResponseWriter, status int, code, msg string, details ...
 	writeJSON(w, status, ErrorBody{ErrorDetail{Code: code, Message: msg, Details: details}})
 }
 
-// writeStoreError maps domain errors to HTTP; anything unexpected is a 500
+// writeErr maps domain errors to HTTP; anything unexpected is a 500
 // that is logged, with no internals in the body.
 func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
+	status, body := s.describeErr(r, err)
+	writeJSON(w, status, body)
+}
+
+// describeErr is the HTTP status and error body err answers with (see
+// writeErr); a batch answers each of its items with one.
+func (s *Server) describeErr(r *http.Request, err error) (int, ErrorBody) {
+	e := func(status int, code, msg string, details ...spec.FieldError) (int, ErrorBody) {
+		return status, ErrorBody{ErrorDetail{Code: code, Message: msg, Details: details}}
+	}
 	var ve *spec.ValidationError
 	switch {
 	case errors.As(err, &ve):
-		writeError(w, http.StatusUnprocessableEntity, CodeInvalidWorkflow, "the workflow definition is invalid", ve.Errors...)
+		return e(http.StatusUnprocessableEntity, CodeInvalidWorkflow, "the workflow definition is invalid", ve.Errors...)
 	case errors.Is(err, store.ErrNotFound):
-		writeError(w, http.StatusNotFound, CodeNotFound, strings.TrimSuffix(err.Error(), ": "+store.ErrNotFound.Error()))
+		return e(http.StatusNotFound, CodeNotFound, strings.TrimSuffix(err.Error(), ": "+store.ErrNotFound.Error()))
 	case errors.Is(err, store.ErrConflict):
-		writeError(w, http.StatusConflict, CodeAlreadyExists, strings.TrimSuffix(err.Error(), ": "+store.ErrConflict.Error()))
+		return e(http.StatusConflict, CodeAlreadyExists, strings.TrimSuffix(err.Error(), ": "+store.ErrConflict.Error()))
 	case errors.Is(err, runtime.ErrAlreadyDelivered):
-		writeError(w, http.StatusConflict, CodeAlreadyDelivered, err.Error())
+		return e(http.StatusConflict, CodeAlreadyDelivered, err.Error())
 	case errors.Is(err, runtime.ErrStepFinished):
-		writeError(w, http.StatusConflict, CodeStepFinished, err.Error())
+		return e(http.StatusConflict, CodeStepFinished, err.Error())
 	case errors.Is(err, runtime.ErrRunFinished):
-		writeError(w, http.StatusConflict, CodeRunFinished, err.Error())
+		return e(http.StatusConflict, CodeRunFinished, err.Error())
 	case errors.Is(err, runtime.ErrStaleLease):
-		writeError(w, http.StatusConflict, CodeStaleLease, err.Error())
+		return e(http.StatusConflict, CodeStaleLease, err.Error())
 	case errors.Is(err, runtime.ErrTaskFinished):
-		writeError(w, http.StatusConflict, CodeTaskFinished, err.Error())
+		return e(http.StatusConflict, CodeTaskFinished, err.Error())
 	case errors.Is(err, runtime.ErrInvalidTask):
-		writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
+		return e(http.StatusBadRequest, CodeInvalidRequest, err.Error())
 	case errors.Is(err, runtime.ErrDisabled):
-		writeError(w, http.StatusConflict, CodeDisabled, err.Error())
+		return e(http.StatusConflict, CodeDisabled, err.Error())
 	case errors.Is(err, store.ErrWorkflowChanged):
 		// The workflow changed under four trigger attempts in a row.
-		writeError(w, http.StatusConflict, CodeConflict, err.Error())
-	default:
-		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-		writeError(w, http.StatusInternalServerError, CodeInternal, "internal error")
+		return e(http.StatusConflict, CodeConflict, err.Error())
 	}
+	s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	return e(http.StatusInternalServerError, CodeInternal, "internal error")
 }

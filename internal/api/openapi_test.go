@@ -1056,6 +1056,31 @@ func TestOpenAPITasks(t *testing.T) {
 	}
 	c.expect(c.call("POST /api/v1/tasks/{id}/cancel", "/api/v1/tasks/"+id+"/cancel", "", nil), 409, "task_finished")
 
+	// Complete many: one answer per completion (the one above, with a
+	// token that is not its own, stale; an unknown one not found), a
+	// malformed request refused whole, naming the item's field.
+	r = c.call("POST /api/v1/tasks/complete", "/api/v1/tasks/complete", `{"completions":[{"id":"`+id+`","lease_token":"x"},{"id":"nope","lease_token":"x","result":{"a":1}}],"next":{"types":["billing.%"]}}`, nil)
+	c.expect(r, 200, "")
+	if l := listOf(m(r.body)["data"]); len(l) != 2 || m(l[0])["id"] != id || m(l[0])["status"] != 409.0 || m(m(l[0])["error"])["code"] != "stale_lease" ||
+		m(l[1])["status"] != 404.0 || m(m(l[1])["error"])["code"] != "not_found" {
+		t.Errorf("complete many: %s", r.raw)
+	}
+	badPath(c.call("POST /api/v1/tasks/complete", "/api/v1/tasks/complete", `{"completions":[]}`, nil), "completions")
+	badPath(c.call("POST /api/v1/tasks/complete", "/api/v1/tasks/complete", `{"completions":[{"id":"a"}]}`, nil), "completions[0].lease_token")
+	badPath(c.call("POST /api/v1/tasks/complete", "/api/v1/tasks/complete", `{"completions":[{"id":"a","lease_token":"x"},{"id":"b","lease_token":"x","extra":1}]}`, nil), "completions[1].extra")
+	r = c.call("POST /api/v1/tasks/complete", "/api/v1/tasks/complete", `{"completions":[{"id":"a","lease_token":7}]}`, nil)
+	badPath(r, "completions[0].lease_token")
+	if msg := r.errorDetail()["message"]; msg != "completions[0].lease_token must be a string" {
+		t.Errorf("message %q", msg)
+	}
+	r = c.call("POST /api/v1/tasks/complete", "/api/v1/tasks/complete", `{"completions":[{"id":"a","lease_token":"x","extra":1}]}`, nil)
+	if msg := r.errorDetail()["message"]; msg != `unknown field "extra" in completions[0]` {
+		t.Errorf("message %q", msg)
+	}
+	badPath(c.call("POST /api/v1/tasks/complete", "/api/v1/tasks/complete", `{"completions":["a"]}`, nil), "completions[0]")
+	badPath(c.call("POST /api/v1/tasks/complete", "/api/v1/tasks/complete", `{"completions":[{"id":"a","lease_token":"x"}],"next":{"typez":["a.%"]}}`, nil), "next.typez")
+	badPath(c.call("POST /api/v1/tasks/complete", "/api/v1/tasks/complete", `{"completions":[{"id":"a","lease_token":"x"}],"next":{"types":[]}}`, nil), "next.types")
+
 	// Events.
 	r = c.call("GET /api/v1/tasks/{id}/events", "/api/v1/tasks/"+id+"/events", "", nil)
 	c.expect(r, 200, "")

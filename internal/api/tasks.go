@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ferryhq/ferry/internal/runtime"
@@ -33,6 +34,17 @@ func decodeStrictLimit(w http.ResponseWriter, r *http.Request, v any, limit int6
 	if len(bytes.TrimSpace(b)) == 0 {
 		b = []byte("{}")
 	}
+	if fe := decodeStrictBytes(b, v, ""); fe != nil {
+		writeError(w, http.StatusBadRequest, CodeInvalidRequest, fe.Message, *fe)
+		return false
+	}
+	return true
+}
+
+// decodeStrictBytes decodes the JSON object b into v as decodeStrict
+// does, and names what is wrong with it under the path prefix ("" for the
+// body; "completions[2]" for an item of it), or returns nil.
+func decodeStrictBytes(b []byte, v any, prefix string) *spec.FieldError {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)
@@ -40,7 +52,7 @@ func decodeStrictLimit(w http.ResponseWriter, r *http.Request, v any, limit int6
 		err = errors.New("unexpected data after the JSON object")
 	}
 	if err == nil {
-		return true
+		return nil
 	}
 	path, msg := "", err.Error()
 	var te *json.UnmarshalTypeError
@@ -51,13 +63,26 @@ func decodeStrictLimit(w http.ResponseWriter, r *http.Request, v any, limit int6
 		path, msg = field, problem
 	case errors.As(err, &te):
 		msg = "request body must be a JSON object"
+		if prefix != "" {
+			msg = prefix + " must be a JSON object"
+		}
 	case errors.As(err, &se):
 		msg = fmt.Sprintf("invalid JSON at byte %d: %v", se.Offset, err)
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		msg = "truncated JSON"
 	}
-	writeError(w, http.StatusBadRequest, CodeInvalidRequest, msg, spec.FieldError{Path: path, Code: CodeInvalidRequest, Message: msg})
-	return false
+	switch {
+	case prefix == "":
+	case path == "":
+		path = prefix
+	case strings.HasPrefix(msg, path+" "): // "lease_token must be a string"
+		path = prefix + "." + path
+		msg = prefix + "." + msg
+	default: // `unknown field "extra"`
+		path = prefix + "." + path
+		msg += " in " + prefix
+	}
+	return &spec.FieldError{Path: path, Code: CodeInvalidRequest, Message: msg}
 }
 
 // fieldProblem names the field of an object that a strict decode failed
@@ -355,6 +380,144 @@ func (s *Server) completeTask(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"data": s.taskJSON(r, t), "next": s.claimedJSON(r, ts)})
+}
+
+// MaxCompleteBatch is the most completions one complete-many request
+// carries, and MaxCompleteBatchBody bounds its body.
+const (
+	MaxCompleteBatch     = 100
+	MaxCompleteBatchBody = 16 << 20
+)
+
+// completeManyRequest reports several tasks' success in one request.
+// Each completion is applied as its own complete request would be (in
+// the report batches the runtime writes anyway) and answered on its own;
+// the request only saves the round trips, which over HTTP cost a worker
+// with many short tasks more than the completions did (one request a job;
+// docs/performance.md, "Through the HTTP API").
+type completeManyRequest struct {
+	Completions []completeItem `json:"completions"`
+	// Next, as in a single completion: each completion takes up to
+	// next.max of the tasks it starts.
+	Next *claimRequest `json:"next"`
+}
+
+type completeItem struct {
+	ID         string          `json:"id"`
+	LeaseToken string          `json:"lease_token"`
+	Result     json.RawMessage `json:"result"`
+}
+
+func (s *Server) completeTasks(w http.ResponseWriter, r *http.Request) {
+	// The items and next are decoded one by one, so that a problem in
+	// one is named by its whole path (completions[2].result), which
+	// encoding/json's errors do not give for nested objects.
+	var raw struct {
+		Completions []json.RawMessage `json:"completions"`
+		Next        json.RawMessage   `json:"next"`
+	}
+	if !decodeStrictLimit(w, r, &raw, MaxCompleteBatchBody) {
+		return
+	}
+	req := completeManyRequest{Completions: make([]completeItem, len(raw.Completions))}
+	for i, b := range raw.Completions {
+		if fe := decodeStrictBytes(b, &req.Completions[i], fmt.Sprintf("completions[%d]", i)); fe != nil {
+			writeError(w, http.StatusBadRequest, CodeInvalidRequest, fe.Message, *fe)
+			return
+		}
+	}
+	if len(raw.Next) > 0 && string(raw.Next) != "null" {
+		req.Next = &claimRequest{}
+		if fe := decodeStrictBytes(raw.Next, req.Next, "next"); fe != nil {
+			writeError(w, http.StatusBadRequest, CodeInvalidRequest, fe.Message, *fe)
+			return
+		}
+	}
+	n := len(req.Completions)
+	if n == 0 || n > MaxCompleteBatch {
+		badField(w, "completions", fmt.Sprintf("completions must hold 1 to %d tasks", MaxCompleteBatch))
+		return
+	}
+	seen := make(map[string]bool, n)
+	for i, c := range req.Completions {
+		switch p := fmt.Sprintf("completions[%d].", i); {
+		case c.ID == "":
+			badField(w, p+"id", "id is required")
+			return
+		case c.LeaseToken == "":
+			badField(w, p+"lease_token", "lease_token is required")
+			return
+		case seen[c.ID]:
+			badField(w, p+"id", "task "+c.ID+" is completed twice in this request")
+			return
+		}
+		seen[c.ID] = true
+	}
+	var next runtime.ClaimRequest
+	if req.Next != nil {
+		if req.Next.WaitSeconds != 0 {
+			badField(w, "next.wait_seconds", "a completion does not wait: leave wait_seconds out")
+			return
+		}
+		var ok bool
+		if next, ok = req.Next.check(w, "next."); !ok {
+			return
+		}
+	}
+	type outcome struct {
+		task *store.Task
+		next []*store.Task
+		err  error
+	}
+	out := make([]outcome, n)
+	var wg sync.WaitGroup
+	for i, c := range req.Completions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := &out[i]
+			if req.Next == nil {
+				_, o.err = s.rt.CompleteTask(r.Context(), c.ID, c.LeaseToken, c.Result)
+			} else {
+				_, o.next, o.err = s.rt.CompleteTaskAndClaim(r.Context(), c.ID, c.LeaseToken, c.Result, next)
+			}
+		}()
+	}
+	wg.Wait()
+	if r.Context().Err() != nil {
+		// The worker hung up: the completions stand, the tasks they
+		// were handed go back (see completeTask).
+		for _, o := range out {
+			s.rt.ReleaseTasks(context.WithoutCancel(r.Context()), o.next)
+		}
+		return
+	}
+	items := make([]any, n)
+	for i, o := range out {
+		item := &ordered{}
+		item.set("id", req.Completions[i].ID)
+		if o.err != nil {
+			status, body := s.describeErr(r, o.err)
+			item.set("status", status)
+			item.set("error", errorJSON(body.Error))
+		} else {
+			item.set("status", http.StatusOK)
+			if req.Next != nil {
+				item.set("next", s.claimedJSON(r, o.next))
+			}
+		}
+		items[i] = item
+	}
+	writeData(w, http.StatusOK, items)
+}
+
+// errorJSON is an error's detail as an ordered object (the fast response
+// path writes those; ErrorDetail is a struct).
+func errorJSON(d ErrorDetail) *ordered {
+	o := &ordered{}
+	o.set("code", d.Code)
+	o.set("message", d.Message)
+	return o
 }
 
 type failRequest struct {

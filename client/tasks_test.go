@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -368,6 +369,28 @@ func TestCompleteTasks(t *testing.T) {
 			t.Errorf("task %d result %s", i, task.Result)
 		}
 	}
+	// A completion larger than a request of its own may be is refused
+	// alone, as that request would be (413), the others applied.
+	more, _, err := c.CreateTask(ctx, client.NewTask{Type: "batch.v1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimed, err := c.ClaimTasks(ctx, client.ClaimRequest{Types: []string{"batch.v1"}, WorkerID: "w", Max: 1})
+	if err != nil || len(claimed) != 1 || claimed[0].ID != more.ID {
+		t.Fatalf("claim: %v %v", claimed, err)
+	}
+	res, err = c.CompleteTasks(ctx, []client.Completion{
+		{ID: got[1].ID, LeaseToken: got[1].LeaseToken, Result: json.RawMessage(`"` + strings.Repeat("x", 1<<20) + `"`)},
+		{ID: more.ID, LeaseToken: claimed[0].LeaseToken},
+	}, nil)
+	var ae *client.APIError
+	if err != nil || !errors.As(res[0].Err, &ae) || ae.StatusCode != http.StatusRequestEntityTooLarge || ae.Code != "too_large" || res[1].Err != nil {
+		t.Fatalf("too large: %+v %v", res, err)
+	}
+	if task, _ := c.GetTask(ctx, got[1].ID); task.Status != client.TaskLeased {
+		t.Fatalf("the refused completion changed its task: %s", task.Raw)
+	}
+
 	// Completed again: refused as finished, item by item.
 	res, err = c.CompleteTasks(ctx, []client.Completion{{ID: got[0].ID, LeaseToken: got[0].LeaseToken}}, nil)
 	if err != nil || !errors.Is(res[0].Err, client.ErrTaskFinished) {

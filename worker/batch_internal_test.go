@@ -2,9 +2,12 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -75,29 +78,32 @@ func TestCompleterBatchesWhileBusy(t *testing.T) {
 		next []client.ClaimedTask
 		err  error
 	}
-	answers := make([]answer, 10)
+	const queued = 6
+	answers := make([]answer, maxReportsInFlight+queued)
 	var wg sync.WaitGroup
 	complete := func(i int, id string) {
 		defer wg.Done()
 		n, err := k.complete(context.Background(), client.Completion{ID: id, LeaseToken: "t"})
 		answers[i] = answer{n, err}
 	}
-	// Four go out alone, each in a request of its own.
+	// The first maxReportsInFlight go out alone, each in a request of
+	// its own.
 	for i := range maxReportsInFlight {
 		wg.Add(1)
 		go complete(i, fmt.Sprintf("a%d", i))
 		<-g.entered
 	}
 	// The next six queue behind them.
-	for i := maxReportsInFlight; i < 10; i++ {
+	stale := maxReportsInFlight + 3
+	for i := maxReportsInFlight; i < maxReportsInFlight+queued; i++ {
 		wg.Add(1)
 		id := fmt.Sprintf("b%d", i)
-		if i == 7 {
-			id = "stale7"
+		if i == stale {
+			id = "stale"
 		}
 		go complete(i, id)
 	}
-	waitFor(t, "six queued", func() bool { k.mu.Lock(); defer k.mu.Unlock(); return len(k.queue) == 6 })
+	waitFor(t, "six queued", func() bool { k.mu.Lock(); defer k.mu.Unlock(); return len(k.queue) == queued })
 	close(g.release)
 	wg.Wait()
 	g.mu.Lock()
@@ -111,9 +117,9 @@ func TestCompleterBatchesWhileBusy(t *testing.T) {
 		if i < maxReportsInFlight {
 			id = fmt.Sprintf("a%d", i)
 		}
-		if i == 7 {
+		if i == stale {
 			if !errors.Is(a.err, client.ErrLeaseLost) || a.next != nil {
-				t.Errorf("stale7: %+v", a)
+				t.Errorf("stale: %+v", a)
 			}
 			continue
 		}
@@ -158,5 +164,51 @@ func TestCompleterWithoutEndpoint(t *testing.T) {
 	}
 	if len(g.calls) != 1 || len(alone) != 2 {
 		t.Fatalf("batch calls %v, alone %v: want one batch call, then each alone", g.calls, alone)
+	}
+}
+
+// TestCompleterBoundsBytes: queued completions leave in requests of at
+// most maxBatchBytes of results (one larger than that alone).
+func TestCompleterBoundsBytes(t *testing.T) {
+	g := &gatedBatches{release: make(chan struct{}), entered: make(chan struct{}, 100)}
+	k := &completer{src: g}
+	big := json.RawMessage(`"` + strings.Repeat("x", 3<<20) + `"`)
+	huge := json.RawMessage(`"` + strings.Repeat("x", 9<<20) + `"`)
+	var wg sync.WaitGroup
+	send := func(id string, res json.RawMessage) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := k.complete(context.Background(), client.Completion{ID: id, LeaseToken: "t", Result: res}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	for i := range maxReportsInFlight {
+		send(fmt.Sprintf("a%d", i), nil)
+		<-g.entered
+	}
+	for i, id := range []string{"b1", "b2", "b3", "b4", "h"} {
+		res := big
+		if id == "h" {
+			res = huge
+		}
+		send(id, res) // one at a time, so that the queue is in this order
+		waitFor(t, id+" queued", func() bool { k.mu.Lock(); defer k.mu.Unlock(); return len(k.queue) == i+1 })
+	}
+	close(g.release)
+	wg.Wait()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var got []string
+	for _, c := range g.calls[maxReportsInFlight:] {
+		got = append(got, strings.Join(c, "+"))
+	}
+	// The queue is taken in order: two of 3 MiB fit in 8, a third does
+	// not; the 9 MiB one goes alone. (The requests may be sent in any
+	// order: several loops take from the queue.)
+	slices.Sort(got)
+	if want := "b1+b2 b3+b4 h"; strings.Join(got, " ") != want {
+		t.Fatalf("requests %v, want %s", got, want)
 	}
 }

@@ -72,7 +72,7 @@ type Config struct {
 	NoEager bool
 	// NoBatch turns off batched completions. By default, when the Source
 	// is a BatchSource (*client.Client), completions of handlers that
-	// finish while up to four completion requests are in flight wait and
+	// finish while 32 completion requests are in flight wait and
 	// go together in the next request, up to 100 a request; each is still
 	// answered on its own. A completion finds a request free at once
 	// unless the worker finishes tasks faster than it can report them one

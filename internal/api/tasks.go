@@ -472,15 +472,27 @@ func (s *Server) completeTasks(w http.ResponseWriter, r *http.Request) {
 	out := make([]outcome, n)
 	var wg sync.WaitGroup
 	for i, c := range req.Completions {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		if len(raw.Completions[i]) > MaxTaskBody {
+			// What its own request would have been refused for (413).
+			out[i].err = errTooLarge
+			continue
+		}
+		complete := func() {
 			o := &out[i]
 			if req.Next == nil {
 				_, o.err = s.rt.CompleteTask(r.Context(), c.ID, c.LeaseToken, c.Result)
 			} else {
 				_, o.next, o.err = s.rt.CompleteTaskAndClaim(r.Context(), c.ID, c.LeaseToken, c.Result, next)
 			}
+		}
+		if n == 1 {
+			complete() // no goroutine to hand it to
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			complete()
 		}()
 	}
 	wg.Wait()
@@ -496,7 +508,10 @@ func (s *Server) completeTasks(w http.ResponseWriter, r *http.Request) {
 	for i, o := range out {
 		item := &ordered{}
 		item.set("id", req.Completions[i].ID)
-		if o.err != nil {
+		if errors.Is(o.err, errTooLarge) {
+			item.set("status", http.StatusRequestEntityTooLarge)
+			item.set("error", errorJSON(ErrorDetail{Code: CodeTooLarge, Message: o.err.Error()}))
+		} else if o.err != nil {
 			status, body := s.describeErr(r, o.err)
 			item.set("status", status)
 			item.set("error", errorJSON(body.Error))
@@ -510,6 +525,10 @@ func (s *Server) completeTasks(w http.ResponseWriter, r *http.Request) {
 	}
 	writeData(w, http.StatusOK, items)
 }
+
+// errTooLarge is a completion of a batch larger than a request of its own
+// may be (MaxTaskBody).
+var errTooLarge = fmt.Errorf("completion exceeds %d bytes", MaxTaskBody)
 
 // errorJSON is an error's detail as an ordered object (the fast response
 // path writes those; ErrorDetail is a struct).

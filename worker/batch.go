@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"sync"
 
@@ -36,7 +37,7 @@ const maxReportsInFlight = 32
 // report then retries as it would a single one.
 type completer struct {
 	src  BatchSource
-	next *client.ClaimRequest // nil: completions ask for no next task
+	next func() *client.ClaimRequest // nil: completions ask for no next task
 	// single sends one completion the way a Source without batches does;
 	// used once the server has answered that it has no batch endpoint.
 	single func(ctx context.Context, c client.Completion) ([]client.ClaimedTask, error)
@@ -119,44 +120,69 @@ func (k *completer) flush() {
 // client.MaxCompleteBatch of them and maxBatchBytes of results (at least
 // one); the caller holds k.mu.
 func (k *completer) take() []*completion {
-	n, size := 0, 0
-	for n < len(k.queue) && n < client.MaxCompleteBatch {
-		size += resultSize(k.queue[n].c.Result)
-		if n > 0 && size > maxBatchBytes {
+	var batch []*completion
+	ids := map[string]bool{}
+	size := 0
+	rest := make([]*completion, 0, len(k.queue))
+	for i, p := range k.queue {
+		size += resultSize(p.c.Result)
+		full := len(batch) == client.MaxCompleteBatch || (len(batch) > 0 && size > maxBatchBytes)
+		if full {
+			rest = append(rest, k.queue[i:]...)
 			break
 		}
-		n++
+		if ids[p.c.ID] {
+			// The server refuses a request naming a task twice; the
+			// second report of one task waits for the next request.
+			size -= resultSize(p.c.Result)
+			rest = append(rest, p)
+			continue
+		}
+		ids[p.c.ID] = true
+		batch = append(batch, p)
 	}
-	batch := append([]*completion(nil), k.queue[:n]...)
-	k.queue = append(k.queue[:0], k.queue[n:]...)
+	k.queue = rest
 	return batch
 }
 
 func (k *completer) send(batch []*completion) {
+	k.mu.Lock()
+	unsupported := k.unsupported
+	k.mu.Unlock()
+	if unsupported {
+		k.sendAlone(batch) // queued before the server said it has no batches
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), reportTimeout)
 	defer cancel()
 	cs := make([]client.Completion, len(batch))
 	for i, p := range batch {
 		cs[i] = p.c
 	}
-	res, err := k.src.CompleteTasks(ctx, cs, k.next)
-	if isNoEndpoint(err) {
+	var next *client.ClaimRequest
+	if k.next != nil {
+		next = k.next()
+	}
+	res, err := k.src.CompleteTasks(ctx, cs, next)
+	switch {
+	case isNoEndpoint(err):
 		// A server from before the batch endpoint: from now on each
-		// completion goes alone, as before.
+		// completion goes alone, as before. (Until the worker restarts:
+		// behind a balancer in a rolling upgrade, batches come back with
+		// the next Run.)
 		k.mu.Lock()
 		k.unsupported = true
 		k.mu.Unlock()
-		var wg sync.WaitGroup
-		for _, p := range batch {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				p.next, p.err = k.single(ctx, p.c)
-				close(p.done)
-			}()
-		}
-		wg.Wait()
+		k.sendAlone(batch)
 		return
+	case len(batch) > 1 && refusedWhole(err):
+		// A request refused as a whole (4xx) says nothing of each
+		// completion, which alone might have gone through: each goes
+		// alone, so that only a bad one is refused.
+		k.sendAlone(batch)
+		return
+	case err == nil && len(res) != len(batch):
+		err = fmt.Errorf("worker: %d answers for %d completions", len(res), len(batch))
 	}
 	for i, p := range batch {
 		if err != nil {
@@ -166,6 +192,31 @@ func (k *completer) send(batch []*completion) {
 		}
 		close(p.done)
 	}
+}
+
+// sendAlone sends each completion of batch in a request of its own, at
+// once, each with its own timeout.
+func (k *completer) sendAlone(batch []*completion) {
+	var wg sync.WaitGroup
+	for _, p := range batch {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), reportTimeout)
+			defer cancel()
+			p.next, p.err = k.single(ctx, p.c)
+			close(p.done)
+		}()
+	}
+	wg.Wait()
+}
+
+// refusedWhole: the server refused the request itself (4xx), not one of
+// its completions; a timeout or too many requests (408, 429) is worth a
+// retry as it is.
+func refusedWhole(err error) bool {
+	var ae *client.APIError
+	return errors.As(err, &ae) && ae.StatusCode >= 400 && ae.StatusCode < 500 && ae.StatusCode != http.StatusRequestTimeout && ae.StatusCode != http.StatusTooManyRequests
 }
 
 // resultSize is how many bytes a completion's result takes in a request,

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,6 +25,10 @@ type gatedBatches struct {
 	release chan struct{}
 	entered chan struct{}
 	fail    error
+	// failIf, if set, is the error of a call of these completions.
+	failIf func(cs []client.Completion) error
+	// short answers one completion fewer than asked.
+	short bool
 }
 
 func (g *gatedBatches) CompleteTasks(_ context.Context, cs []client.Completion, next *client.ClaimRequest) ([]client.CompletionResult, error) {
@@ -39,6 +44,11 @@ func (g *gatedBatches) CompleteTasks(_ context.Context, cs []client.Completion, 
 	if g.fail != nil {
 		return nil, g.fail
 	}
+	if g.failIf != nil {
+		if err := g.failIf(cs); err != nil {
+			return nil, err
+		}
+	}
 	out := make([]client.CompletionResult, len(cs))
 	for i, c := range cs {
 		out[i].ID = c.ID
@@ -48,6 +58,9 @@ func (g *gatedBatches) CompleteTasks(_ context.Context, cs []client.Completion, 
 		case next != nil:
 			out[i].Next = []client.ClaimedTask{{ID: "after-" + c.ID}}
 		}
+	}
+	if g.short {
+		out = out[1:]
 	}
 	return out, nil
 }
@@ -70,7 +83,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestCompleterBatchesWhileBusy(t *testing.T) {
 	g := &gatedBatches{release: make(chan struct{}), entered: make(chan struct{}, 100)}
 	next := client.ClaimRequest{Types: []string{"x"}, Max: 1}
-	k := &completer{src: g, next: &next, single: func(context.Context, client.Completion) ([]client.ClaimedTask, error) {
+	k := &completer{src: g, next: func() *client.ClaimRequest { return &next }, single: func(context.Context, client.Completion) ([]client.ClaimedTask, error) {
 		t.Error("a completion went alone")
 		return nil, nil
 	}}
@@ -162,6 +175,8 @@ func TestCompleterWithoutEndpoint(t *testing.T) {
 			t.Fatalf("%s: %v %v", id, next, err)
 		}
 	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	if len(g.calls) != 1 || len(alone) != 2 {
 		t.Fatalf("batch calls %v, alone %v: want one batch call, then each alone", g.calls, alone)
 	}
@@ -210,5 +225,125 @@ func TestCompleterBoundsBytes(t *testing.T) {
 	slices.Sort(got)
 	if want := "b1+b2 b3+b4 h"; strings.Join(got, " ") != want {
 		t.Fatalf("requests %v, want %s", got, want)
+	}
+}
+
+// holdInFlight starts maxReportsInFlight completions that the source
+// holds, then queued more behind them, one at a time, and returns their
+// answers once the source is released (release) and all have answered.
+func holdInFlight(t *testing.T, g *gatedBatches, k *completer, queued []string) (answers map[string]error, release func()) {
+	t.Helper()
+	answers = map[string]error{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	send := func(id string) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := k.complete(context.Background(), client.Completion{ID: id, LeaseToken: "t"})
+			mu.Lock()
+			answers[id] = err
+			mu.Unlock()
+		}()
+	}
+	for i := range maxReportsInFlight {
+		send(fmt.Sprintf("a%d", i))
+		<-g.entered
+	}
+	for i, id := range queued {
+		send(id)
+		waitFor(t, id+" queued", func() bool { k.mu.Lock(); defer k.mu.Unlock(); return len(k.queue) == i+1 })
+	}
+	return answers, func() { close(g.release); wg.Wait() }
+}
+
+// TestCompleterFallbackWhileQueued: completions queued while the requests
+// in flight learn the server has no batch endpoint go alone, not in
+// another batch request.
+func TestCompleterFallbackWhileQueued(t *testing.T) {
+	for _, status := range []int{http.StatusNotFound, http.StatusMethodNotAllowed} {
+		g := &gatedBatches{release: make(chan struct{}), entered: make(chan struct{}, 100), fail: &client.APIError{StatusCode: status}}
+		var alone atomic.Int32
+		k := &completer{src: g, single: func(context.Context, client.Completion) ([]client.ClaimedTask, error) {
+			alone.Add(1)
+			return nil, nil
+		}}
+		answers, release := holdInFlight(t, g, k, []string{"q1", "q2", "q3"})
+		release()
+		for id, err := range answers {
+			if err != nil {
+				t.Errorf("%d: %s: %v", status, id, err)
+			}
+		}
+		g.mu.Lock()
+		calls := len(g.calls)
+		g.mu.Unlock()
+		if len(answers) != maxReportsInFlight+3 || int(alone.Load()) != maxReportsInFlight+3 || calls != maxReportsInFlight {
+			t.Errorf("%d: %d answers, %d alone, %d batch calls", status, len(answers), alone.Load(), calls)
+		}
+	}
+}
+
+// TestCompleterRefusedBatchGoesAlone: a batch of several refused as a
+// whole (a 4xx) is sent again completion by completion, so that only a
+// bad one is refused; a single completion refused keeps its error.
+func TestCompleterRefusedBatchGoesAlone(t *testing.T) {
+	bad := &client.APIError{StatusCode: http.StatusBadRequest, Code: "invalid_request"}
+	g := &gatedBatches{release: make(chan struct{}), entered: make(chan struct{}, 100), fail: bad}
+	k := &completer{src: g, single: func(_ context.Context, c client.Completion) ([]client.ClaimedTask, error) {
+		if c.ID == "q2" {
+			return nil, bad
+		}
+		return nil, nil
+	}}
+	answers, release := holdInFlight(t, g, k, []string{"q1", "q2", "q3"})
+	release()
+	for id, err := range answers {
+		want := error(nil)
+		if id == "q2" || id[0] == 'a' { // refused alone, or a batch of one refused
+			want = bad
+		}
+		if !errors.Is(err, want) && err != want {
+			t.Errorf("%s: %v, want %v", id, err, want)
+		}
+	}
+}
+
+// TestCompleterShortAnswer: a source that answers fewer completions than
+// it was sent fails them all, without a panic.
+func TestCompleterShortAnswer(t *testing.T) {
+	g := &gatedBatches{release: make(chan struct{}), entered: make(chan struct{}, 10), short: true}
+	close(g.release)
+	k := &completer{src: g}
+	if _, err := k.complete(context.Background(), client.Completion{ID: "a", LeaseToken: "t"}); err == nil || !strings.Contains(err.Error(), "0 answers for 1") {
+		t.Fatalf("err %v", err)
+	}
+}
+
+// TestCompleterTakesATaskOncePerRequest: a task reported twice (its
+// second report queued beside the first) goes in the next request, as
+// the server refuses a request naming a task twice.
+func TestCompleterTakesATaskOncePerRequest(t *testing.T) {
+	k := &completer{}
+	for _, id := range []string{"a", "a", "b", "a"} {
+		k.queue = append(k.queue, &completion{c: client.Completion{ID: id}})
+	}
+	var got []string
+	for len(k.queue) > 0 {
+		var ids []string
+		for _, p := range k.take() {
+			ids = append(ids, p.c.ID)
+		}
+		got = append(got, strings.Join(ids, "+"))
+	}
+	if want := "a+b a a"; strings.Join(got, " ") != want {
+		t.Fatalf("requests %v, want %s", got, want)
+	}
+}
+
+// The worker's tests over HTTP (worker_test.go) count on 32.
+func TestMaxReportsInFlight(t *testing.T) {
+	if maxReportsInFlight != 32 {
+		t.Fatalf("maxReportsInFlight is %d: change maxInFlight in worker_test.go with it", maxReportsInFlight)
 	}
 }

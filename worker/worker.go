@@ -150,10 +150,17 @@ type Worker struct {
 	mu       sync.Mutex
 	handlers map[string]HandlerFunc
 	running  bool
+}
 
-	// eagerK and plainK batch completions (with and without eager
-	// dispatch) when the source is a BatchSource; set by Run.
-	eagerK, plainK *completer
+// reporters are a Run's completers when the source is a BatchSource (nil
+// otherwise): with and without eager dispatch.
+type reporters struct{ eager, plain *completer }
+
+// eagerNext is what a completion asks for with eager dispatch: one next
+// task of the types the worker claims now (Handle may add some while it
+// runs).
+func (w *Worker) eagerNext() *client.ClaimRequest {
+	return &client.ClaimRequest{Types: w.claimTypes(), WorkerID: w.cfg.WorkerID, Lease: w.cfg.Lease, Max: 1}
 }
 
 // Tunables of the loop.
@@ -267,20 +274,21 @@ func (w *Worker) Run(ctx context.Context) error {
 		wg       sync.WaitGroup
 		inflight = make(chan struct{}, w.cfg.Concurrency) // a slot per held task
 	)
-	w.eagerK, w.plainK = nil, nil
+	// This run's completers: handlers a run abandoned at its shutdown
+	// deadline may still report through theirs while a later Run starts.
+	var rep reporters
 	if bs, ok := w.src.(BatchSource); ok && !w.cfg.NoBatch {
-		w.plainK = &completer{src: bs, single: func(ctx context.Context, c client.Completion) ([]client.ClaimedTask, error) {
+		rep.plain = &completer{src: bs, single: func(ctx context.Context, c client.Completion) ([]client.ClaimedTask, error) {
 			return nil, w.src.CompleteTask(ctx, c.ID, c.LeaseToken, c.Result)
 		}}
 		if es, ok := w.src.(EagerSource); ok && !w.cfg.NoEager {
-			next := client.ClaimRequest{Types: w.claimTypes(), WorkerID: w.cfg.WorkerID, Lease: w.cfg.Lease, Max: 1}
-			w.eagerK = &completer{src: bs, next: &next, single: func(ctx context.Context, c client.Completion) ([]client.ClaimedTask, error) {
-				return es.CompleteTaskAndClaim(ctx, c.ID, c.LeaseToken, c.Result, next)
+			rep.eager = &completer{src: bs, next: w.eagerNext, single: func(ctx context.Context, c client.Completion) ([]client.ClaimedTask, error) {
+				return es.CompleteTaskAndClaim(ctx, c.ID, c.LeaseToken, c.Result, *w.eagerNext())
 			}}
 		}
 	}
 	w.log.Info("worker started", "types", w.claimTypes(), "concurrency", w.cfg.Concurrency, "lease", w.cfg.Lease)
-	w.claimLoop(ctx, hctx, inflight, &wg)
+	w.claimLoop(ctx, hctx, inflight, &wg, rep)
 
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
@@ -327,7 +335,7 @@ func (w *Worker) check() error {
 
 // claimLoop claims while ctx lives, never holding more tasks than there are
 // slots in inflight. Claim errors back off (jittered, doubling up to 5s).
-func (w *Worker) claimLoop(ctx, hctx context.Context, inflight chan struct{}, wg *sync.WaitGroup) {
+func (w *Worker) claimLoop(ctx, hctx context.Context, inflight chan struct{}, wg *sync.WaitGroup, rep reporters) {
 	backoff := time.Duration(0)
 	for ctx.Err() == nil {
 		// Wait for a free slot, then take every other free one.
@@ -375,7 +383,7 @@ func (w *Worker) claimLoop(ctx, hctx context.Context, inflight chan struct{}, wg
 			go func() {
 				defer wg.Done()
 				defer func() { <-inflight }()
-				w.executeChain(ctx, hctx, ct, claimed)
+				w.executeChain(ctx, hctx, ct, claimed, rep)
 			}()
 		}
 		var d time.Duration
@@ -411,11 +419,11 @@ func jitter(d time.Duration) time.Duration {
 
 // executeChain runs a claimed task and then, in the same slot, the tasks
 // its completion handed over (eager dispatch) while the worker runs.
-func (w *Worker) executeChain(ctx, hctx context.Context, ct client.ClaimedTask, claimed time.Time) {
+func (w *Worker) executeChain(ctx, hctx context.Context, ct client.ClaimedTask, claimed time.Time, rep reporters) {
 	next := []client.ClaimedTask{ct}
 	for len(next) > 0 {
 		ct, next = next[0], next[1:]
-		more := w.execute(ctx, hctx, ct, claimed)
+		more := w.execute(ctx, hctx, ct, claimed, rep)
 		next = append(next, more...)
 		claimed = time.Now()
 	}
@@ -424,7 +432,7 @@ func (w *Worker) executeChain(ctx, hctx context.Context, ct client.ClaimedTask, 
 // execute runs one claimed task's handler under heartbeats and reports the
 // outcome; it returns the tasks an eager completion handed over. Once ctx
 // (the worker's run) ends it asks for none.
-func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claimed time.Time) []client.ClaimedTask {
+func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claimed time.Time, rep reporters) []client.ClaimedTask {
 	log := taskLog{w.log, ct.ID, ct.Type, ct.Attempt}
 	h := w.handler(ct.Type)
 	if h == nil {
@@ -463,8 +471,8 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 			es, eager := w.src.(EagerSource)
 			if !eager || w.cfg.NoEager || ctx.Err() != nil {
 				w.report(log, "complete", func(ctx context.Context) error {
-					if w.plainK != nil {
-						_, err := w.plainK.complete(ctx, c)
+					if rep.plain != nil {
+						_, err := rep.plain.complete(ctx, c)
 						return err
 					}
 					return w.src.CompleteTask(ctx, ct.ID, ct.LeaseToken, c.Result)
@@ -477,12 +485,11 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 			var next []client.ClaimedTask
 			w.report(log, "complete", func(rctx context.Context) error {
 				var err error
-				if w.eagerK != nil {
-					next, err = w.eagerK.complete(rctx, c)
+				if rep.eager != nil {
+					next, err = rep.eager.complete(rctx, c)
 					return err
 				}
-				next, err = es.CompleteTaskAndClaim(rctx, ct.ID, ct.LeaseToken, c.Result,
-					client.ClaimRequest{Types: w.claimTypes(), WorkerID: w.cfg.WorkerID, Lease: w.cfg.Lease, Max: 1})
+				next, err = es.CompleteTaskAndClaim(rctx, ct.ID, ct.LeaseToken, c.Result, *w.eagerNext())
 				return err
 			})
 			return next

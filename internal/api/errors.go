@@ -72,8 +72,9 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 // describeErr is the HTTP status and error body err answers with (see
-// writeErr); a batch answers each of its items with one.
-func (s *Server) describeErr(r *http.Request, err error) (int, ErrorBody) {
+// writeErr); a batch answers each of its items with one, and logs an
+// unexpected error with attrs naming the item.
+func (s *Server) describeErr(r *http.Request, err error, attrs ...any) (int, ErrorBody) {
 	e := func(status int, code, msg string, details ...spec.FieldError) (int, ErrorBody) {
 		return status, ErrorBody{ErrorDetail{Code: code, Message: msg, Details: details}}
 	}
@@ -103,6 +104,6 @@ func (s *Server) describeErr(r *http.Request, err error) (int, ErrorBody) {
 		// The workflow changed under four trigger attempts in a row.
 		return e(http.StatusConflict, CodeConflict, err.Error())
 	}
-	s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	s.log.Error("request failed", append([]any{"method", r.Method, "path", r.URL.Path, "err", err}, attrs...)...)
 	return e(http.StatusInternalServerError, CodeInternal, "internal error")
 }

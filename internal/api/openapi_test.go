@@ -1073,9 +1073,11 @@ func TestOpenAPITasks(t *testing.T) {
 	if msg := r.errorDetail()["message"]; msg != "completions[0].lease_token must be a string" {
 		t.Errorf("message %q", msg)
 	}
-	r = c.call("POST /api/v1/tasks/complete", "/api/v1/tasks/complete", `{"completions":[{"id":"a","lease_token":"x","extra":1}]}`, nil)
-	if msg := r.errorDetail()["message"]; msg != `unknown field "extra" in completions[0]` {
-		t.Errorf("message %q", msg)
+	for field, want := range map[string]string{"extra": `unknown field "extra" in completions[0]`, "unknown": `unknown field "unknown" in completions[0]`} {
+		r = c.call("POST /api/v1/tasks/complete", "/api/v1/tasks/complete", `{"completions":[{"id":"a","lease_token":"x","`+field+`":1}]}`, nil)
+		if msg := r.errorDetail()["message"]; msg != want {
+			t.Errorf("message %q, want %q", msg, want)
+		}
 	}
 	badPath(c.call("POST /api/v1/tasks/complete", "/api/v1/tasks/complete", `{"completions":["a"]}`, nil), "completions[0]")
 	badPath(c.call("POST /api/v1/tasks/complete", "/api/v1/tasks/complete", `{"completions":[{"id":"a","lease_token":"x"}],"next":{"typez":["a.%"]}}`, nil), "next.typez")

@@ -446,7 +446,7 @@ func (s *Server) triggerBatch(w http.ResponseWriter, r *http.Request) {
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&item); err != nil {
 			msg := path + " must be an object with input and idempotency_key"
-			if field, problem := fieldProblem(err); field != "" {
+			if field, problem, _ := fieldProblem(err); field != "" {
 				msg = path + ": " + problem
 				path += "." + field
 			}

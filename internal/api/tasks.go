@@ -57,7 +57,7 @@ func decodeStrictBytes(b []byte, v any, prefix string) *spec.FieldError {
 	path, msg := "", err.Error()
 	var te *json.UnmarshalTypeError
 	var se *json.SyntaxError
-	field, problem := fieldProblem(err)
+	field, problem, unknown := fieldProblem(err)
 	switch {
 	case field != "":
 		path, msg = field, problem
@@ -75,12 +75,12 @@ func decodeStrictBytes(b []byte, v any, prefix string) *spec.FieldError {
 	case prefix == "":
 	case path == "":
 		path = prefix
-	case strings.HasPrefix(msg, path+" "): // "lease_token must be a string"
-		path = prefix + "." + path
-		msg = prefix + "." + msg
-	default: // `unknown field "extra"`
+	case unknown: // `unknown field "extra"`
 		path = prefix + "." + path
 		msg += " in " + prefix
+	default: // "lease_token must be a string"
+		path = prefix + "." + path
+		msg = prefix + "." + msg
 	}
 	return &spec.FieldError{Path: path, Code: CodeInvalidRequest, Message: msg}
 }
@@ -88,16 +88,16 @@ func decodeStrictBytes(b []byte, v any, prefix string) *spec.FieldError {
 // fieldProblem names the field of an object that a strict decode failed
 // on (a wrong type or an unknown field) and what is wrong with it; field
 // is "" when the error is not about one field.
-func fieldProblem(err error) (field, problem string) {
+func fieldProblem(err error) (field, problem string, unknown bool) {
 	var te *json.UnmarshalTypeError
 	if errors.As(err, &te) && te.Field != "" {
-		return te.Field, fmt.Sprintf("%s must be %s", te.Field, jsonKind(te.Type.Kind().String()))
+		return te.Field, fmt.Sprintf("%s must be %s", te.Field, jsonKind(te.Type.Kind().String())), false
 	}
 	if msg := err.Error(); strings.HasPrefix(msg, "json: unknown field ") {
 		field = strings.Trim(strings.TrimPrefix(msg, "json: unknown field "), `"`)
-		return field, fmt.Sprintf("unknown field %q", field)
+		return field, fmt.Sprintf("unknown field %q", field), true
 	}
-	return "", ""
+	return "", "", false
 }
 
 func jsonKind(k string) string {
@@ -512,7 +512,7 @@ func (s *Server) completeTasks(w http.ResponseWriter, r *http.Request) {
 			item.set("status", http.StatusRequestEntityTooLarge)
 			item.set("error", errorJSON(ErrorDetail{Code: CodeTooLarge, Message: o.err.Error()}))
 		} else if o.err != nil {
-			status, body := s.describeErr(r, o.err)
+			status, body := s.describeErr(r, o.err, "task_id", req.Completions[i].ID)
 			item.set("status", status)
 			item.set("error", errorJSON(body.Error))
 		} else {

@@ -409,29 +409,20 @@ type completeItem struct {
 }
 
 func (s *Server) completeTasks(w http.ResponseWriter, r *http.Request) {
-	// The items and next are decoded one by one, so that a problem in
-	// one is named by its whole path (completions[2].result), which
-	// encoding/json's errors do not give for nested objects.
-	var raw struct {
-		Completions []json.RawMessage `json:"completions"`
-		Next        json.RawMessage   `json:"next"`
-	}
-	if !decodeStrictLimit(w, r, &raw, MaxCompleteBatchBody) {
+	b, ok := readBody(w, r, MaxCompleteBatchBody)
+	if !ok {
 		return
 	}
-	req := completeManyRequest{Completions: make([]completeItem, len(raw.Completions))}
-	for i, b := range raw.Completions {
-		if fe := decodeStrictBytes(b, &req.Completions[i], fmt.Sprintf("completions[%d]", i)); fe != nil {
-			writeError(w, http.StatusBadRequest, CodeInvalidRequest, fe.Message, *fe)
-			return
-		}
+	if len(bytes.TrimSpace(b)) == 0 {
+		b = []byte("{}")
 	}
-	if len(raw.Next) > 0 && string(raw.Next) != "null" {
-		req.Next = &claimRequest{}
-		if fe := decodeStrictBytes(raw.Next, req.Next, "next"); fe != nil {
-			writeError(w, http.StatusBadRequest, CodeInvalidRequest, fe.Message, *fe)
-			return
+	var req completeManyRequest
+	if fe := decodeStrictBytes(b, &req, ""); fe != nil {
+		if located := locateCompleteProblem(b); located != nil {
+			fe = located
 		}
+		writeError(w, http.StatusBadRequest, CodeInvalidRequest, fe.Message, *fe)
+		return
 	}
 	n := len(req.Completions)
 	if n == 0 || n > MaxCompleteBatch {
@@ -472,8 +463,9 @@ func (s *Server) completeTasks(w http.ResponseWriter, r *http.Request) {
 	out := make([]outcome, n)
 	var wg sync.WaitGroup
 	for i, c := range req.Completions {
-		if len(raw.Completions[i]) > MaxTaskBody {
-			// What its own request would have been refused for (413).
+		if len(c.ID)+len(c.LeaseToken)+len(c.Result) > MaxTaskBody {
+			// What its own request would have been refused for (413),
+			// less the few bytes of JSON around the fields.
 			out[i].err = errTooLarge
 			continue
 		}
@@ -526,8 +518,32 @@ func (s *Server) completeTasks(w http.ResponseWriter, r *http.Request) {
 	writeData(w, http.StatusOK, items)
 }
 
-// errTooLarge is a completion of a batch larger than a request of its own
-// may be (MaxTaskBody).
+// locateCompleteProblem names what is wrong with a complete-many body by
+// its whole path (completions[2].result), decoding the items and next one
+// by one: encoding/json's errors do not give the path of a nested object.
+// A valid body is decoded whole in one pass; this runs only for one that
+// is not. It returns nil if the problem is not in an item or in next.
+func locateCompleteProblem(b []byte) *spec.FieldError {
+	var raw struct {
+		Completions []json.RawMessage `json:"completions"`
+		Next        json.RawMessage   `json:"next"`
+	}
+	if decodeStrictBytes(b, &raw, "") != nil {
+		return nil // the body itself: its own error says it
+	}
+	for i, item := range raw.Completions {
+		if fe := decodeStrictBytes(item, &completeItem{}, fmt.Sprintf("completions[%d]", i)); fe != nil {
+			return fe
+		}
+	}
+	if len(raw.Next) > 0 && string(raw.Next) != "null" {
+		return decodeStrictBytes(raw.Next, &claimRequest{}, "next")
+	}
+	return nil
+}
+
+// errTooLarge is a completion of a batch whose id, lease token and result
+// pass what a request of its own may carry (MaxTaskBody).
 var errTooLarge = fmt.Errorf("completion exceeds %d bytes", MaxTaskBody)
 
 // errorJSON is an error's detail as an ordered object (the fast response

@@ -291,8 +291,8 @@ func (c *Client) TaskEvents(ctx context.Context, id string, after int64) ([]Task
 // cancelling ctx abandons the poll. An http.Client given with WithHTTPClient
 // must not time out sooner than req.Wait plus a margin.
 func (c *Client) ClaimTasks(ctx context.Context, req ClaimRequest) ([]ClaimedTask, error) {
-	var out []ClaimedTask
-	if err := c.post(ctx, "/api/v1/tasks/claim", req.body(), &out); err != nil {
+	out, err := postData[[]ClaimedTask](ctx, c, "/api/v1/tasks/claim", req.body())
+	if err != nil {
 		return nil, err
 	}
 	if out == nil {
@@ -309,9 +309,7 @@ func (c *Client) Heartbeat(ctx context.Context, id, token string, lease time.Dur
 	if lease > 0 {
 		body["lease_seconds"] = lease.Seconds()
 	}
-	var res HeartbeatResult
-	err := c.post(ctx, taskPath(id, "/heartbeat"), body, &res)
-	return res, err
+	return postData[HeartbeatResult](ctx, c, taskPath(id, "/heartbeat"), body)
 }
 
 // CompleteTask reports success with result, any value that encodes as JSON
@@ -407,7 +405,7 @@ func (c *Client) CompleteTasks(ctx context.Context, cs []Completion, next *Claim
 	if next != nil {
 		body.Next = next.body()
 	}
-	var answers []struct {
+	answers, err := postData[[]struct {
 		ID     string        `json:"id"`
 		Status int           `json:"status"`
 		Next   []ClaimedTask `json:"next"`
@@ -415,8 +413,8 @@ func (c *Client) CompleteTasks(ctx context.Context, cs []Completion, next *Claim
 			Code    string `json:"code"`
 			Message string `json:"message"`
 		} `json:"error"`
-	}
-	if err := c.post(ctx, "/api/v1/tasks/complete", body, &answers); err != nil {
+	}](ctx, c, "/api/v1/tasks/complete", body)
+	if err != nil {
 		return nil, err
 	}
 	if len(answers) != len(cs) {
@@ -518,6 +516,23 @@ func (req ClaimRequest) body() map[string]any {
 		body["wait_seconds"] = req.Wait.Seconds()
 	}
 	return body
+}
+
+// postData posts body and decodes the answer's "data" into a T in one
+// pass: the workers' calls (claim, heartbeat, complete) are most of a
+// worker's requests, and do decodes in two (the envelope, then its data).
+func postData[T any](ctx context.Context, c *Client, path string, body any) (T, error) {
+	var zero T
+	var env struct {
+		Data *T `json:"data"`
+	}
+	if err := c.postEnvelope(ctx, path, body, &env); err != nil {
+		return zero, err
+	}
+	if env.Data == nil {
+		return zero, fmt.Errorf("ferry: POST %s: response has no data", path)
+	}
+	return *env.Data, nil
 }
 
 // postEnvelope posts body and decodes the whole response envelope into out.

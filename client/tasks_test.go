@@ -451,3 +451,25 @@ func TestCompleteTasks(t *testing.T) {
 		t.Errorf("next with a wait: %v", err)
 	}
 }
+
+// TestWorkerCallsNeedData: the workers' calls, decoded in one pass, still
+// refuse a 200 answer without "data" (a proxy's, say) instead of
+// returning nothing claimed.
+func TestWorkerCallsNeedData(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"ok": true}`))
+	}))
+	defer srv.Close()
+	c := client.New(srv.URL, "k")
+	ctx := context.Background()
+	if _, err := c.ClaimTasks(ctx, client.ClaimRequest{Types: []string{"a.%"}}); err == nil || !strings.Contains(err.Error(), "no data") {
+		t.Errorf("claim: %v", err)
+	}
+	if _, err := c.Heartbeat(ctx, "t", "tok", time.Minute); err == nil || !strings.Contains(err.Error(), "no data") {
+		t.Errorf("heartbeat: %v", err)
+	}
+	if _, err := c.CompleteTasks(ctx, []client.Completion{{ID: "t", LeaseToken: "tok"}}, nil); err == nil || !strings.Contains(err.Error(), "no data") {
+		t.Errorf("complete many: %v", err)
+	}
+}

@@ -347,3 +347,32 @@ func TestMaxReportsInFlight(t *testing.T) {
 		t.Fatalf("maxReportsInFlight is %d: change maxInFlight in worker_test.go with it", maxReportsInFlight)
 	}
 }
+
+// TestReportsInFlight: 32 requests in flight up to 256 handlers, fewer
+// above, never under 4; a completer with a limit queues past it.
+func TestReportsInFlight(t *testing.T) {
+	for handlers, want := range map[int]int{1: 32, 16: 32, 256: 32, 512: 16, 1024: 8, 2000: 4, 100000: 4} {
+		if got := reportsInFlight(handlers); got != want {
+			t.Errorf("reportsInFlight(%d) = %d, want %d", handlers, got, want)
+		}
+	}
+	g := &gatedBatches{release: make(chan struct{}), entered: make(chan struct{}, 100)}
+	k := &completer{src: g, limit: 4}
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = k.complete(context.Background(), client.Completion{ID: fmt.Sprintf("a%d", i), LeaseToken: "t"})
+		}()
+		<-g.entered
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_, _ = k.complete(context.Background(), client.Completion{ID: "b", LeaseToken: "t"})
+	}()
+	waitFor(t, "the fifth queued", func() bool { k.mu.Lock(); defer k.mu.Unlock(); return len(k.queue) == 1 })
+	close(g.release)
+	wg.Wait()
+}

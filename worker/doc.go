@@ -19,9 +19,10 @@
 //
 // The source of tasks is a Source: a *client.Client talks to a server over
 // HTTP, and a *ferry.Engine serves an embedded worker in the same process.
-// Over HTTP the completions of handlers that finish while 32 reports are
-// in flight go together in one request (BatchSource; Config.NoBatch turns
-// that off), each still answered and retried on its own.
+// Over HTTP the completions of handlers that finish while 32 reports (for
+// a worker of many handlers, fewer) are in flight go together in one
+// request (BatchSource; Config.NoBatch turns that off), each still
+// answered and retried on its own.
 //
 // Outcomes:
 //   - A handler returning a value completes the task with it (JSON-encoded).

@@ -72,8 +72,9 @@ type Config struct {
 	NoEager bool
 	// NoBatch turns off batched completions. By default, when the Source
 	// is a BatchSource (*client.Client), completions of handlers that
-	// finish while 32 completion requests are in flight wait and
-	// go together in the next request, up to 100 a request; each is still
+	// finish while 32 completion requests are in flight (fewer for a
+	// worker of more than 256 handlers, down to 4) wait and go together
+	// in the next request, up to 100 a request; each is still
 	// answered on its own. A completion finds a request free at once
 	// unless the worker finishes tasks faster than it can report them one
 	// by one.
@@ -278,11 +279,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	// deadline may still report through theirs while a later Run starts.
 	var rep reporters
 	if bs, ok := w.src.(BatchSource); ok && !w.cfg.NoBatch {
-		rep.plain = &completer{src: bs, single: func(ctx context.Context, c client.Completion) ([]client.ClaimedTask, error) {
+		limit := reportsInFlight(w.cfg.Concurrency)
+		rep.plain = &completer{src: bs, limit: limit, single: func(ctx context.Context, c client.Completion) ([]client.ClaimedTask, error) {
 			return nil, w.src.CompleteTask(ctx, c.ID, c.LeaseToken, c.Result)
 		}}
 		if es, ok := w.src.(EagerSource); ok && !w.cfg.NoEager {
-			rep.eager = &completer{src: bs, next: w.eagerNext, single: func(ctx context.Context, c client.Completion) ([]client.ClaimedTask, error) {
+			rep.eager = &completer{src: bs, limit: limit, next: w.eagerNext, single: func(ctx context.Context, c client.Completion) ([]client.ClaimedTask, error) {
 				return es.CompleteTaskAndClaim(ctx, c.ID, c.LeaseToken, c.Result, *w.eagerNext())
 			}}
 		}

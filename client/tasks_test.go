@@ -456,20 +456,24 @@ func TestCompleteTasks(t *testing.T) {
 // refuse a 200 answer without "data" (a proxy's, say) instead of
 // returning nothing claimed.
 func TestWorkerCallsNeedData(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"ok": true}`))
-	}))
-	defer srv.Close()
-	c := client.New(srv.URL, "k")
-	ctx := context.Background()
-	if _, err := c.ClaimTasks(ctx, client.ClaimRequest{Types: []string{"a.%"}}); err == nil || !strings.Contains(err.Error(), "no data") {
-		t.Errorf("claim: %v", err)
-	}
-	if _, err := c.Heartbeat(ctx, "t", "tok", time.Minute); err == nil || !strings.Contains(err.Error(), "no data") {
-		t.Errorf("heartbeat: %v", err)
-	}
-	if _, err := c.CompleteTasks(ctx, []client.Completion{{ID: "t", LeaseToken: "tok"}}, nil); err == nil || !strings.Contains(err.Error(), "no data") {
-		t.Errorf("complete many: %v", err)
+	// Without "data", and with "data": null (which the server never
+	// sends; the old two-pass decode took it for an empty answer).
+	for _, body := range []string{`{"ok": true}`, `{"data": null}`} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(body))
+		}))
+		c := client.New(srv.URL, "k")
+		ctx := context.Background()
+		if _, err := c.ClaimTasks(ctx, client.ClaimRequest{Types: []string{"a.%"}}); err == nil || !strings.Contains(err.Error(), "no data") {
+			t.Errorf("%s: claim: %v", body, err)
+		}
+		if _, err := c.Heartbeat(ctx, "t", "tok", time.Minute); err == nil || !strings.Contains(err.Error(), "no data") {
+			t.Errorf("%s: heartbeat: %v", body, err)
+		}
+		if _, err := c.CompleteTasks(ctx, []client.Completion{{ID: "t", LeaseToken: "tok"}}, nil); err == nil || !strings.Contains(err.Error(), "no data") {
+			t.Errorf("%s: complete many: %v", body, err)
+		}
+		srv.Close()
 	}
 }

@@ -52,7 +52,9 @@ type completer struct {
 	src  BatchSource
 	next func() *client.ClaimRequest // nil: completions ask for no next task
 	// limit is how many requests may be in flight (reportsInFlight; 0:
-	// maxReportsInFlight).
+	// maxReportsInFlight). It is a completer's: a Run's two (with and
+	// without eager dispatch) overlap only at its shutdown, when
+	// completions stop asking for more.
 	limit int
 	// single sends one completion the way a Source without batches does;
 	// used once the server has answered that it has no batch endpoint.
@@ -90,7 +92,7 @@ func (k *completer) complete(ctx context.Context, c client.Completion) ([]client
 	}
 	p := &completion{c: c, done: make(chan struct{})}
 	k.queue = append(k.queue, p)
-	if k.inFlight < cmp.Or(k.limit, maxReportsInFlight) {
+	if k.inFlight < max(cmp.Or(k.limit, maxReportsInFlight), 1) {
 		k.inFlight++
 		batch := k.take()
 		k.mu.Unlock()

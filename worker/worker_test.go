@@ -1264,7 +1264,9 @@ func TestBatchedCompletions(t *testing.T) {
 				return
 			}
 			t.Logf("%d batched requests for %d tasks", batched, n)
-			if alone != 0 || batched > maxInFlight+24 {
+			// ≈33 in the usual run; the bound leaves room for reports
+			// descheduled past the held requests on a busy machine.
+			if alone != 0 || batched > n-16 {
 				t.Fatalf("%d batched requests, %d alone for %d tasks", batched, alone, n)
 			}
 		})

@@ -1082,6 +1082,14 @@ func TestOpenAPITasks(t *testing.T) {
 	badPath(c.call("POST /api/v1/tasks/complete", "/api/v1/tasks/complete", `{"completions":["a"]}`, nil), "completions[0]")
 	badPath(c.call("POST /api/v1/tasks/complete", "/api/v1/tasks/complete", `{"completions":[{"id":"a","lease_token":"x"}],"next":{"typez":["a.%"]}}`, nil), "next.typez")
 	badPath(c.call("POST /api/v1/tasks/complete", "/api/v1/tasks/complete", `{"completions":[{"id":"a","lease_token":"x"}],"next":{"types":[]}}`, nil), "next.types")
+	badPath(c.call("POST /api/v1/tasks/complete", "/api/v1/tasks/complete", `{"completions":[null]}`, nil), "completions[0].id")
+	badPath(c.call("POST /api/v1/tasks/complete", "/api/v1/tasks/complete", `{"completions":[{"id":"a","lease_token":"x"}],"bogus":1}`, nil), "bogus")
+	badPath(c.call("POST /api/v1/tasks/complete", "/api/v1/tasks/complete", `{"completions":[{"id":"a","lease_token":"x","extra":1}],"bogus":1}`, nil), "completions[0].extra")
+	r = c.call("POST /api/v1/tasks/complete", "/api/v1/tasks/complete", `{"completions":[{"id":"nope","lease_token":"x"}],"next":null}`, nil)
+	c.expect(r, 200, "")
+	if l := listOf(m(r.body)["data"]); len(l) != 1 || m(l[0])["status"] != 404.0 || m(l[0])["next"] != nil {
+		t.Errorf(`"next": null: %s`, r.raw)
+	}
 
 	// Events.
 	r = c.call("GET /api/v1/tasks/{id}/events", "/api/v1/tasks/"+id+"/events", "", nil)

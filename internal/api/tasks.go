@@ -393,8 +393,9 @@ const (
 // Each completion is applied as its own complete request would be (in
 // the report batches the runtime writes anyway) and answered on its own;
 // the request only saves the round trips, which over HTTP cost a worker
-// with many short tasks more than the completions did (one request a job;
-// docs/performance.md, "Through the HTTP API").
+// with many short tasks more than the completions did (when each went in
+// a request of its own, one request a job; docs/performance.md, "Through
+// the HTTP API").
 type completeManyRequest struct {
 	Completions []completeItem `json:"completions"`
 	// Next, as in a single completion: each completion takes up to
@@ -463,9 +464,9 @@ func (s *Server) completeTasks(w http.ResponseWriter, r *http.Request) {
 	out := make([]outcome, n)
 	var wg sync.WaitGroup
 	for i, c := range req.Completions {
-		if len(c.ID)+len(c.LeaseToken)+len(c.Result) > MaxTaskBody {
-			// What its own request would have been refused for (413),
-			// less the few bytes of JSON around the fields.
+		if len(c.LeaseToken)+len(c.Result)+len(`{"lease_token":"","result":}`) > MaxTaskBody {
+			// What its own request's body (the id is in its path) would
+			// have been refused for: 413.
 			out[i].err = errTooLarge
 			continue
 		}
@@ -528,7 +529,11 @@ func locateCompleteProblem(b []byte) *spec.FieldError {
 		Completions []json.RawMessage `json:"completions"`
 		Next        json.RawMessage   `json:"next"`
 	}
-	if decodeStrictBytes(b, &raw, "") != nil {
+	// Leniently: a stray top-level field must not hide an item's
+	// problem, which encoding/json may have met first (and named without
+	// its path); with no problem in an item, the body's own error names
+	// the stray field.
+	if json.Unmarshal(b, &raw) != nil {
 		return nil // the body itself: its own error says it
 	}
 	for i, item := range raw.Completions {
@@ -542,7 +547,7 @@ func locateCompleteProblem(b []byte) *spec.FieldError {
 	return nil
 }
 
-// errTooLarge is a completion of a batch whose id, lease token and result
+// errTooLarge is a completion of a batch whose lease token and result
 // pass what a request of its own may carry (MaxTaskBody).
 var errTooLarge = fmt.Errorf("completion exceeds %d bytes", MaxTaskBody)
 

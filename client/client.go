@@ -208,14 +208,10 @@ const MaxTriggerBatch = 1000
 // none. Results are in item order; an idempotency key already used, also
 // earlier in the same batch, returns the first run with Created false.
 func (c *Client) TriggerBatch(ctx context.Context, ref string, runs []BatchRun) ([]BatchResult, error) {
-	body, err := json.Marshal(map[string]any{"runs": runs})
-	if err != nil {
-		return nil, fmt.Errorf("ferry: %w", err)
-	}
-	var res struct {
+	res, err := postData[struct {
 		Runs []BatchResult `json:"runs"`
-	}
-	if _, err := c.do(ctx, http.MethodPost, "/api/v1/workflows/"+url.PathEscape(ref)+"/trigger-batch", nil, bytes.NewReader(body), &res); err != nil {
+	}](ctx, c, "/api/v1/workflows/"+url.PathEscape(ref)+"/trigger-batch", map[string]any{"runs": runs})
+	if err != nil {
 		return nil, err
 	}
 	return res.Runs, nil

@@ -267,7 +267,8 @@ func TestTriggerAndRuns(t *testing.T) {
 	if err != nil || len(batch) != 2 {
 		t.Fatalf("batch: %+v err=%v", batch, err)
 	}
-	if batch[0].RunID != first.RunID || batch[0].Created || !batch[1].Created || batch[1].RunID == "" || batch[1].WorkflowID != wf.ID || len(batch[1].Raw) == 0 {
+	if batch[0].RunID != first.RunID || batch[0].Created || !batch[1].Created || batch[1].RunID == "" || batch[1].WorkflowID != wf.ID ||
+		batch[1].Status != "running" || batch[1].StartedAt.IsZero() || !json.Valid(batch[1].Raw) || !strings.Contains(string(batch[1].Raw), `"created":true`) {
 		t.Fatalf("batch results = %+v", batch)
 	}
 	if batchRun, err := c.GetRun(ctx, batch[1].RunID); err != nil || string(batchRun.Input) != `{"order_id":45}` {

@@ -96,16 +96,21 @@ type BatchResult struct {
 	Created bool // false: the idempotency key named an existing run
 }
 
-// UnmarshalJSON decodes a batch item: the trigger result and "created".
+// UnmarshalJSON decodes a batch item, the trigger result and "created",
+// in one pass (a batch answers with up to 1,000 of them).
 func (b *BatchResult) UnmarshalJSON(data []byte) error {
-	var c struct {
+	type plain TriggerResult
+	var p struct {
+		plain
 		Created bool `json:"created"`
 	}
-	if err := json.Unmarshal(data, &c); err != nil {
+	if err := json.Unmarshal(data, &p); err != nil {
 		return err
 	}
-	b.Created = c.Created
-	return b.TriggerResult.UnmarshalJSON(data)
+	b.TriggerResult = TriggerResult(p.plain)
+	b.Raw = append(json.RawMessage(nil), data...)
+	b.Created = p.Created
+	return nil
 }
 
 // UnmarshalJSON decodes a trigger result and keeps the raw document in Raw.

@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"encoding/json"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,11 +22,26 @@ func BenchmarkCompleteOverHTTP(b *testing.B) {
 			c := client.New(srv.URL, srv.Key)
 			ctx := context.Background()
 			var claimed []client.ClaimedTask
-			for range b.N {
-				if _, _, err := c.CreateTask(ctx, client.NewTask{Type: "bench.v1"}); err != nil {
-					b.Fatal(err)
-				}
+			// Created from 32 goroutines: the server writes them in shared
+			// transactions, so that large b.N do not take minutes.
+			var wg sync.WaitGroup
+			next := make(chan struct{})
+			for range 32 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for range next {
+						if _, _, err := c.CreateTask(ctx, client.NewTask{Type: "bench.v1"}); err != nil {
+							b.Error(err)
+						}
+					}
+				}()
 			}
+			for range b.N {
+				next <- struct{}{}
+			}
+			close(next)
+			wg.Wait()
 			for len(claimed) < b.N {
 				got, err := c.ClaimTasks(ctx, client.ClaimRequest{Types: []string{"bench.v1"}, WorkerID: "b", Lease: time.Hour, Max: 100})
 				if err != nil {

@@ -64,7 +64,11 @@ it once; only its hash is stored.`,
 			if err != nil {
 				return fmt.Errorf("listen on %s: %w", listen, err)
 			}
-			srv := &http.Server{Handler: eng.Handler(), ReadHeaderTimeout: 10 * time.Second}
+			// IdleTimeout closes a keep-alive connection its client left
+			// (a worker that died without closing it); longer than the Go
+			// client's own 90 s, so that a client normally closes first
+			// and never sends on a connection the server is closing.
+			srv := &http.Server{Handler: eng.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 			// Shutdown waits for requests in flight; end workers' long-polls.
 			srv.RegisterOnShutdown(eng.Drain)
 			runDone := make(chan error, 1)

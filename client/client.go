@@ -192,8 +192,8 @@ func (c *Client) Trigger(ctx context.Context, ref string, input json.RawMessage,
 	if len(input) > 0 {
 		body = bytes.NewReader(input)
 	}
-	var res TriggerResult
-	code, err := c.do(ctx, http.MethodPost, "/api/v1/workflows/"+url.PathEscape(ref)+"/trigger", h, body, &res)
+	// One pass: producers trigger runs one request each, often many.
+	res, code, err := doData[TriggerResult](ctx, c, http.MethodPost, "/api/v1/workflows/"+url.PathEscape(ref)+"/trigger", h, body)
 	if err != nil {
 		return nil, false, err
 	}

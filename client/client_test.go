@@ -202,7 +202,8 @@ func TestTriggerAndRuns(t *testing.T) {
 	if err != nil || !created {
 		t.Fatalf("trigger: %+v created=%v err=%v", first, created, err)
 	}
-	if first.RunID == "" || first.WorkflowID != wf.ID || first.Version != 1 || first.Status != client.RunRunning || first.StartedAt.IsZero() {
+	if first.RunID == "" || first.WorkflowID != wf.ID || first.Version != 1 || first.Status != client.RunRunning || first.StartedAt.IsZero() ||
+		!json.Valid(first.Raw) || !strings.Contains(string(first.Raw), first.RunID) {
 		t.Fatalf("trigger result = %+v", first)
 	}
 	again, created, err := c.Trigger(ctx, wf.ID, json.RawMessage(`{"order_id": 43}`), "key-1")

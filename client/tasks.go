@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -522,17 +523,30 @@ func (req ClaimRequest) body() map[string]any {
 // pass: the workers' calls (claim, heartbeat, complete) are most of a
 // worker's requests, and do decodes in two (the envelope, then its data).
 func postData[T any](ctx context.Context, c *Client, path string, body any) (T, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		var zero T
+		return zero, fmt.Errorf("ferry: encode %s request: %w", path, err)
+	}
+	v, _, err := doData[T](ctx, c, http.MethodPost, path, nil, bytes.NewReader(b))
+	return v, err
+}
+
+// doData sends a request and decodes the answer's "data" into a T in one
+// pass (see postData); it returns the HTTP status code too.
+func doData[T any](ctx context.Context, c *Client, method, path string, h http.Header, body io.Reader) (T, int, error) {
 	var zero T
 	var env struct {
 		Data *T `json:"data"`
 	}
-	if err := c.postEnvelope(ctx, path, body, &env); err != nil {
-		return zero, err
+	code, err := c.doRaw(ctx, method, path, h, body, &env)
+	if err != nil {
+		return zero, code, err
 	}
 	if env.Data == nil {
-		return zero, fmt.Errorf("ferry: POST %s: response has no data", path)
+		return zero, code, fmt.Errorf("ferry: %s %s: response has no data", method, path)
 	}
-	return *env.Data, nil
+	return *env.Data, code, nil
 }
 
 // postEnvelope posts body and decodes the whole response envelope into out.

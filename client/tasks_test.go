@@ -452,10 +452,10 @@ func TestCompleteTasks(t *testing.T) {
 	}
 }
 
-// TestWorkerCallsNeedData: the workers' calls, decoded in one pass, still
-// refuse a 200 answer without "data" (a proxy's, say) instead of
-// returning nothing claimed.
-func TestWorkerCallsNeedData(t *testing.T) {
+// TestOnePassCallsNeedData: the calls decoded in one pass (the workers'
+// and Trigger) still refuse a 200 answer without "data" (a proxy's, say)
+// instead of returning nothing claimed.
+func TestOnePassCallsNeedData(t *testing.T) {
 	// Without "data", and with "data": null (which the server never
 	// sends; the old two-pass decode took it for an empty answer).
 	for _, body := range []string{`{"ok": true}`, `{"data": null}`} {
@@ -473,6 +473,12 @@ func TestWorkerCallsNeedData(t *testing.T) {
 		}
 		if _, err := c.CompleteTasks(ctx, []client.Completion{{ID: "t", LeaseToken: "tok"}}, nil); err == nil || !strings.Contains(err.Error(), "no data") {
 			t.Errorf("%s: complete many: %v", body, err)
+		}
+		if _, _, err := c.Trigger(ctx, "wf", nil, ""); err == nil || !strings.Contains(err.Error(), "no data") {
+			t.Errorf("%s: trigger: %v", body, err)
+		}
+		if _, err := c.TriggerBatch(ctx, "wf", []client.BatchRun{{}}); err == nil || !strings.Contains(err.Error(), "no data") {
+			t.Errorf("%s: trigger batch: %v", body, err)
 		}
 		srv.Close()
 	}

@@ -42,10 +42,16 @@ func BenchmarkCompleteOverHTTP(b *testing.B) {
 			}
 			close(next)
 			wg.Wait()
+			if b.Failed() {
+				b.FailNow()
+			}
 			for len(claimed) < b.N {
 				got, err := c.ClaimTasks(ctx, client.ClaimRequest{Types: []string{"bench.v1"}, WorkerID: "b", Lease: time.Hour, Max: 100})
 				if err != nil {
 					b.Fatal(err)
+				}
+				if len(got) == 0 {
+					b.Fatalf("claimed %d of %d tasks", len(claimed), b.N)
 				}
 				claimed = append(claimed, got...)
 			}

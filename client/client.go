@@ -214,6 +214,9 @@ func (c *Client) TriggerBatch(ctx context.Context, ref string, runs []BatchRun) 
 	if err != nil {
 		return nil, err
 	}
+	if len(res.Runs) != len(runs) {
+		return nil, fmt.Errorf("ferry: trigger batch: %d results for %d runs", len(res.Runs), len(runs))
+	}
 	return res.Runs, nil
 }
 

@@ -482,4 +482,13 @@ func TestOnePassCallsNeedData(t *testing.T) {
 		}
 		srv.Close()
 	}
+	// A batch answered with fewer results than runs is an error too.
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"data": {"runs": []}}`))
+	}))
+	defer srv.Close()
+	if _, err := client.New(srv.URL, "k").TriggerBatch(context.Background(), "wf", []client.BatchRun{{}}); err == nil || !strings.Contains(err.Error(), "0 results for 1") {
+		t.Errorf("short batch answer: %v", err)
+	}
 }

@@ -8,6 +8,10 @@
 // phases; only runs made side by side compare.
 //
 //	go run ./bench/ab -a /tmp/ferry-old -b bin/ferry -workload jobs -database sqlite -pairs 5
+//	go run ./bench/ab -a /tmp/ferry-old -b bin/ferry -workload jobs -- --transport http
+//
+// Flags after -- go to `ferry bench` of both builds (make bench-ab's
+// ARGS); --repeat is refused, as the pairs are the repeats.
 //
 // It runs the binaries it is given and imports nothing of Ferry's.
 package main

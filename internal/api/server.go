@@ -223,6 +223,15 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, bool
 	return b, true
 }
 
+// readObject is readBody for a JSON object: an empty body reads as {}.
+func readObject(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, bool) {
+	b, ok := readBody(w, r, limit)
+	if ok && len(bytes.TrimSpace(b)) == 0 {
+		b = []byte("{}")
+	}
+	return b, ok
+}
+
 func page(w http.ResponseWriter, r *http.Request) (store.Page, bool) {
 	p := store.Page{Cursor: r.URL.Query().Get("cursor")}
 	if l := r.URL.Query().Get("limit"); l != "" {
@@ -355,12 +364,9 @@ func (s *Server) deleteWorkflow(w http.ResponseWriter, r *http.Request) {
 var privateHeaders = map[string]bool{"Authorization": true, "Cookie": true, "Proxy-Authorization": true}
 
 func (s *Server) trigger(w http.ResponseWriter, r *http.Request) {
-	b, ok := readBody(w, r, MaxTriggerBody)
+	b, ok := readObject(w, r, MaxTriggerBody)
 	if !ok {
 		return
-	}
-	if len(bytes.TrimSpace(b)) == 0 {
-		b = []byte("{}")
 	}
 	if !json.Valid(b) {
 		var v any

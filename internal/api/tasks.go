@@ -27,12 +27,9 @@ func decodeStrict(w http.ResponseWriter, r *http.Request, v any) bool {
 }
 
 func decodeStrictLimit(w http.ResponseWriter, r *http.Request, v any, limit int64) bool {
-	b, ok := readBody(w, r, limit)
+	b, ok := readObject(w, r, limit)
 	if !ok {
 		return false
-	}
-	if len(bytes.TrimSpace(b)) == 0 {
-		b = []byte("{}")
 	}
 	if fe := decodeStrictBytes(b, v, ""); fe != nil {
 		writeError(w, http.StatusBadRequest, CodeInvalidRequest, fe.Message, *fe)
@@ -410,12 +407,9 @@ type completeItem struct {
 }
 
 func (s *Server) completeTasks(w http.ResponseWriter, r *http.Request) {
-	b, ok := readBody(w, r, MaxCompleteBatchBody)
+	b, ok := readObject(w, r, MaxCompleteBatchBody)
 	if !ok {
 		return
-	}
-	if len(bytes.TrimSpace(b)) == 0 {
-		b = []byte("{}")
 	}
 	var req completeManyRequest
 	if fe := decodeStrictBytes(b, &req, ""); fe != nil {
@@ -432,15 +426,16 @@ func (s *Server) completeTasks(w http.ResponseWriter, r *http.Request) {
 	}
 	seen := make(map[string]bool, n)
 	for i, c := range req.Completions {
-		switch p := fmt.Sprintf("completions[%d].", i); {
+		p := func(field string) string { return fmt.Sprintf("completions[%d].%s", i, field) } // only for an error
+		switch {
 		case c.ID == "":
-			badField(w, p+"id", "id is required")
+			badField(w, p("id"), "id is required")
 			return
 		case c.LeaseToken == "":
-			badField(w, p+"lease_token", "lease_token is required")
+			badField(w, p("lease_token"), "lease_token is required")
 			return
 		case seen[c.ID]:
-			badField(w, p+"id", "task "+c.ID+" is completed twice in this request")
+			badField(w, p("id"), "task "+c.ID+" is completed twice in this request")
 			return
 		}
 		seen[c.ID] = true

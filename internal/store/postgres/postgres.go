@@ -389,6 +389,8 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
 		if hello {
 			continue // a node saying it is there, not work
 		}
+		// Its tasks may be of types this node has not seen pending.
+		s.Store.PendingTypesChanged()
 		select {
 		case ch <- struct{}{}:
 		default:

@@ -21,6 +21,7 @@ import (
 	"github.com/ferryhq/ferry/internal/store"
 	"github.com/ferryhq/ferry/internal/store/postgres"
 	"github.com/ferryhq/ferry/internal/store/postgres/pgtest"
+	"github.com/ferryhq/ferry/internal/store/sqlstore"
 	"github.com/ferryhq/ferry/internal/store/storetest"
 )
 
@@ -198,7 +199,7 @@ func TestKeysCompareBytewise(t *testing.T) {
 		"workflow_versions": {"workflow_id"},
 		"runs":              {"id", "workflow_id", "status", "idempotency_key"},
 		"step_runs":         {"run_id", "name", "callback_token"},
-		"tasks":             {"id", "run_id", "idempotency_key", "status"},
+		"tasks":             {"id", "run_id", "idempotency_key", "status", "type"},
 		"queue":             {"run_id"},
 		"events":            {"run_id"},
 	}
@@ -1158,7 +1159,24 @@ func TestClaimWalkSkipsTasksScheduledAhead(t *testing.T) {
 	if _, err := s.DB().ExecContext(t.Context(), `ANALYZE tasks`); err != nil {
 		t.Fatal(err)
 	}
-	q := s.ClaimReads(store.ClaimTasks{Patterns: []string{"sched.%"}, WorkerID: "w", Lease: time.Minute, Max: 16, Now: now})[0]
+	qs, err := s.ClaimReads(t.Context(), store.ClaimTasks{Patterns: []string{"sched.%"}, WorkerID: "w", Lease: time.Minute, Max: 16, Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := qs[0]
+	rows, pages := explainPages(t, s, q)
+	if rows != 5 {
+		t.Errorf("the walk found %d tasks, want the 5 due", rows)
+	}
+	if pages > 60 {
+		t.Errorf("the walk read %d pages for 5 due tasks among 50,000 scheduled ahead, want at most 60", pages)
+	}
+}
+
+// explainPages runs q under EXPLAIN ANALYZE in a transaction it rolls
+// back, and returns the rows it returned and the pages it read.
+func explainPages(t *testing.T, s *postgres.Store, q sqlstore.PipeQuery) (rows, pages int) {
+	t.Helper()
 	tx, err := s.DB().BeginTx(t.Context(), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -1179,10 +1197,138 @@ func TestClaimWalkSkipsTasksScheduledAhead(t *testing.T) {
 		t.Fatalf("plan %s: %v", out, err)
 	}
 	p := plans[0].Plan
-	if p.Rows != 5 {
-		t.Errorf("the walk found %d tasks, want the 5 due", p.Rows)
+	t.Logf("%d rows, %d pages: %s", p.Rows, p.Hit+p.Read, q.SQL)
+	return p.Rows, p.Hit + p.Read
+}
+
+// TestPeerTasksOfNewTypes: a node whose claim of a prefix found nothing
+// takes the task of a new type of it that another node created, at the
+// same moment, once that node's notification has reached it (a node
+// remembers the pending tasks' types for claims of a prefix; a peer's
+// notification makes it read them again).
+func TestPeerTasksOfNewTypes(t *testing.T) {
+	app := "ferry_wakeups_" + strings.ToLower(rand.Text())
+	dsn := pgtest.WithParam(t, pgtest.DSN(t), "application_name", app)
+	node := migrated(t, dsn)
+	wake := listening(t, node, app)
+	other := openDSN(t, dsn)
+	now := time.Unix(1_700_000_000, 0).UTC()
+	claim := func() []*store.Task {
+		t.Helper()
+		got, err := node.ClaimTasks(t.Context(), store.ClaimTasks{Patterns: []string{"peer.%"}, WorkerID: "w", Lease: time.Minute, Max: 10, Now: now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
 	}
-	if pages := p.Hit + p.Read; pages > 60 {
-		t.Errorf("the walk read %d pages for 5 due tasks among 50,000 scheduled ahead, want at most 60\n%s", pages, out)
+	if got := claim(); len(got) != 0 {
+		t.Fatalf("claim with no task: %d tasks", len(got))
 	}
+	k, _, err := other.CreateTask(t.Context(), &store.Task{Type: "peer.new.v1", Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: now}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-wake:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no wake-up within 10s of the other node's task")
+	}
+	if got := claim(); len(got) != 1 || got[0].ID != k.ID {
+		t.Fatalf("claim after the other node's notification: %d tasks, want its task %s", len(got), k.ID)
+	}
+}
+
+// TestClaimLeavingLockedTasksWakes: a claim that locked more due tasks
+// than it leased (a claim of two types locks up to max of each) says
+// tasks are claimable when it commits, since a claim at the same time
+// skipped them; one that locked only what it leased does not.
+func TestClaimLeavingLockedTasksWakes(t *testing.T) {
+	s := open(t)
+	now := time.Unix(1_700_000_000, 0).UTC()
+	for _, typ := range []string{"lock.a.v1", "lock.b.v1", "lock.b.v1"} {
+		if _, _, err := s.CreateTask(t.Context(), &store.Task{Type: typ, Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: now}, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var commits []store.Committed
+	s.OnCommit(func(c store.Committed) { commits = append(commits, c) })
+	claim := func(types ...string) {
+		t.Helper()
+		commits = nil
+		got, err := s.ClaimTasks(t.Context(), store.ClaimTasks{Patterns: types, WorkerID: "w", Lease: time.Minute, Max: 1, Now: now})
+		if err != nil || len(got) != 1 {
+			t.Fatalf("claim of %v: %d tasks, %v", types, len(got), err)
+		}
+	}
+	claim("lock.a.v1", "lock.b.v1")
+	if len(commits) != 1 || !commits[0].Tasks {
+		t.Errorf("a claim leaving a locked task: commits %+v, want one saying tasks are claimable", commits)
+	}
+	claim("lock.b.v1")
+	for _, c := range commits {
+		if c.Tasks {
+			t.Errorf("a claim that leased all it locked said tasks are claimable: %+v", commits)
+		}
+	}
+}
+
+// TestClaimWalkSkipsOtherTypes: a claim of a type, and the read of when
+// its next task is due, read only that type's tasks, not the 50,000 due
+// tasks of another type waiting before them in claim order.
+func TestClaimWalkSkipsOtherTypes(t *testing.T) {
+	s := migrated(t, pgtest.DSN(t))
+	now := time.Unix(1_700_000_000, 0).UTC()
+	us := now.UnixMicro()
+	fill := func(prefix, typ string, n int, runAt int64) {
+		t.Helper()
+		_, err := s.DB().ExecContext(t.Context(), `INSERT INTO tasks (id, type, payload, status, priority, run_at, attempt, max_attempts, created_at, updated_at)
+			SELECT $1 || lpad(g::text, 8, '0'), $2, '{}', 'pending', 100, $3::bigint + g, 0, 3, $4::bigint, $4::bigint FROM generate_series(1, $5) AS g`,
+			prefix, typ, runAt, us, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	fill("busy", "busy.a.v1", 50_000, us-3_600_000_000)
+	fill("rare-due", "rare.a.v1", 2, us-1000)
+	fill("rare-ahead", "rare.a.v1", 3, us+60_000_000)
+	if _, err := s.DB().ExecContext(t.Context(), `ANALYZE tasks`); err != nil {
+		t.Fatal(err)
+	}
+	qs, err := s.ClaimReads(t.Context(), store.ClaimTasks{Patterns: []string{"rare.%"}, WorkerID: "w", Lease: time.Minute, Max: 16, Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rows, pages := explainPages(t, s, qs[0]); rows != 2 || pages > 30 {
+		t.Errorf("the claim walk found %d tasks reading %d pages, want the 2 due in at most 30", rows, pages)
+	}
+	claimed, err := s.ClaimTasks(t.Context(), store.ClaimTasks{Patterns: []string{"rare.a.v1"}, WorkerID: "w", Lease: time.Hour, Max: 16, Now: now})
+	if err != nil || len(claimed) != 2 {
+		t.Fatalf("claim: %d tasks, %v", len(claimed), err)
+	}
+	next, ok, err := s.NextTaskDue(t.Context(), []string{"rare.a.v1"}, now)
+	if err != nil || !ok || !next.Equal(time.UnixMicro(us+60_000_001).UTC()) {
+		t.Errorf("next due: %v, %v, %v", next, ok, err)
+	}
+	// The same read, timed by pages: NextTaskDue's pending walk is the
+	// first of its two values.
+	q, err := s.NextDueRead(t.Context(), []string{"rare.a.v1"}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rows, pages := explainPages(t, s, q); rows != 1 || pages > 30 {
+		t.Errorf("the next-due walk read %d pages, want at most 30", pages)
+	}
+}
+
+// BenchmarkClaimPastOtherType: see storetest.BenchClaimPastOtherType.
+func BenchmarkClaimPastOtherType(b *testing.B) {
+	s, err := postgres.Open(b.Context(), pgtest.DSN(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Migrate(b.Context()); err != nil {
+		b.Fatal(err)
+	}
+	storetest.BenchClaimPastOtherType(b, s, s.DB(), 100_000)
 }

@@ -14,6 +14,9 @@
 // transaction on them without locking reads, writing each row only at
 // the version it was decided on (optimistic.go).
 //
+// Claims walk the pending tasks of each of their types (tasks.go); the
+// types a prefix stands for are kept in memory (typecache.go).
+//
 // It imports internal/store, internal/jsonenc and the standard library; it
 // must not import the engine, runtime or api packages, nor a database
 // driver (the sqlite and postgres packages bring those; only its own tests

@@ -32,7 +32,7 @@ type Dialect struct {
 	// SkipLocked is appended to the claim sub-select.
 	SkipLocked string
 	// Lateral says the database joins LATERAL subqueries: a claim then
-	// walks the due pending tasks priority by priority in one (see
+	// walks a type's due pending tasks priority by priority in one (see
 	// Store.duePending); without it (SQLite) as an IN over the
 	// priorities, which SQLite walks in the index's order.
 	Lateral bool
@@ -78,6 +78,7 @@ type Store struct {
 	r *sql.DB // reads (may equal w)
 
 	closers []func() error
+	ptypes  typeCache     // the types of the tasks that may be pending
 	group   *groupCommit  // SQLite: one writer applying requests in groups
 	cache   *runCache     // SQLite: runs as the writer last wrote them
 	vcache  *versionCache // Postgres: runs by row version
@@ -141,6 +142,9 @@ func (s *Store) committed(cs *changeset) {
 	n := &cs.note
 	if n.c.HTTPDue.IsZero() && n.c.TimerDue.IsZero() && !n.c.Tasks && len(n.c.Leased) == 0 {
 		return
+	}
+	if n.c.Tasks {
+		s.ptypes.note(cs) // before the claims it wakes look
 	}
 	if fn := s.hook.Load(); fn != nil {
 		(*fn)(n.c)

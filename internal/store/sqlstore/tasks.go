@@ -180,29 +180,48 @@ func (s *Store) GetTask(ctx context.Context, id string) (*store.Task, error) {
 	return t, err
 }
 
-// likePattern turns "billing.%" into a LIKE pattern with the prefix's own
-// wildcards escaped; a pattern without a trailing % matches exactly.
-func likePattern(p string) string {
-	prefix, wild := strings.CutSuffix(p, "%")
-	r := strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`)
-	out := r.Replace(prefix)
-	if wild {
-		out += "%"
-	}
-	return out
-}
-
+// typeFilter is the condition that a task's type matches one of patterns
+// (every type when there are none), compared byte by byte: an exact type,
+// or for a prefix ("billing.%") the range of the types that start with
+// it. Task types are ASCII (spec.ValidTaskType), so a prefix with another
+// byte matches none, and the types that start with an ASCII prefix run
+// up to, not including, the prefix with its last byte's successor. (It
+// was LIKE, which SQLite compares without regard to case.)
 func (s *Store) typeFilter(patterns []string) (string, []any) {
 	if len(patterns) == 0 {
 		return "1=1", nil
 	}
-	parts := make([]string, len(patterns))
-	args := make([]any, len(patterns))
-	for i, p := range patterns {
-		parts[i] = `type LIKE ? ESCAPE '\'`
-		args[i] = likePattern(p)
+	var parts []string
+	var args []any
+	for _, p := range patterns {
+		prefix, ok := strings.CutSuffix(p, "%")
+		switch {
+		case !ascii(prefix):
+			// matches no type (and Postgres refuses what is not UTF-8)
+		case !ok:
+			parts, args = append(parts, "type = ?"), append(args, p)
+		case prefix == "":
+			return "1=1", nil
+		default:
+			next := prefix[:len(prefix)-1] + string([]byte{prefix[len(prefix)-1] + 1})
+			parts, args = append(parts, "(type >= ? AND type < ?)"), append(args, prefix, next)
+		}
+	}
+	if len(parts) == 0 {
+		return "1=0", nil
 	}
 	return "(" + strings.Join(parts, " OR ") + ")", args
+}
+
+// ascii says whether s holds only bytes a task type may hold, and those
+// below DEL: ASCII whose successor byte is ASCII too.
+func ascii(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // notDisabled leaves out the tasks of disabled types.
@@ -226,6 +245,10 @@ func (s *Store) ClaimOrNext(ctx context.Context, req store.ClaimTasks) (store.Cl
 		return store.Claim{}, nil
 	}
 	filter, fargs := s.typeFilter(req.Patterns)
+	types, err := s.pendingTypes(ctx, req.Patterns, req.Now)
+	if err != nil {
+		return store.Claim{}, fmt.Errorf("claim tasks: %w", err)
+	}
 	tok := token()
 	until := req.Now.Add(req.Lease)
 	now := ts(req.Now)
@@ -238,16 +261,15 @@ func (s *Store) ClaimOrNext(ctx context.Context, req store.ClaimTasks) (store.Cl
 	// read would only delay the claim (a single claim with a task ready
 	// took 0.66–0.70 → 0.95–1.17 ms on SQLite), so it is skipped.
 	if !s.claimFilled.Load() {
-		if c, err := s.claimableOrNext(ctx, filter, fargs, now); err != nil || c.NextRead {
+		if c, err := s.claimableOrNext(ctx, types, filter, fargs, now); err != nil || c.NextRead {
 			return c, err
 		}
 	}
 	var out []*store.Task
-	var err error
 	if s.d.Pipeline != nil {
-		out, err = s.claimPipelined(ctx, req, filter, fargs, tok, until)
+		out, err = s.claimPipelined(ctx, req, types, filter, fargs, tok, until)
 	} else {
-		out, err = s.claimInTx(ctx, req, filter, fargs, tok, until)
+		out, err = s.claimInTx(ctx, req, types, filter, fargs, tok, until)
 	}
 	if err != nil {
 		return store.Claim{}, err
@@ -258,10 +280,10 @@ func (s *Store) ClaimOrNext(ctx context.Context, req store.ClaimTasks) (store.Cl
 
 // claimReads are a claim's two index walks (see ClaimTasks), each
 // locking (SKIP LOCKED, where the database has it) and reading whole up
-// to req.Max candidates.
-func (s *Store) claimReads(req store.ClaimTasks, filter string, fargs []any) []PipeQuery {
+// to req.Max candidates (the first, up to req.Max of each of types).
+func (s *Store) claimReads(req store.ClaimTasks, types []string, filter string, fargs []any) []PipeQuery {
 	now := ts(req.Now)
-	due, dueArgs := s.duePending(taskCols+`, event_seq`, filter, fargs, now, req.Max, true)
+	due, dueArgs := s.duePending(taskCols+`, event_seq`, types, now, req.Max, true)
 	// Leases that ran out: found through tasks_lease, which holds only
 	// leased tasks, then sorted (they are few).
 	return []PipeQuery{
@@ -272,61 +294,149 @@ func (s *Store) claimReads(req store.ClaimTasks, filter string, fargs []any) []P
 
 // ClaimReads are the statements a claim of req reads its candidates with
 // (see claimReads), for tests of their plans.
-func (s *Store) ClaimReads(req store.ClaimTasks) []PipeQuery {
+func (s *Store) ClaimReads(ctx context.Context, req store.ClaimTasks) ([]PipeQuery, error) {
+	types, err := s.pendingTypes(ctx, req.Patterns, req.Now)
+	if err != nil {
+		return nil, err
+	}
 	filter, fargs := s.typeFilter(req.Patterns)
-	return s.claimReads(req, filter, fargs)
+	return s.claimReads(req, types, filter, fargs), nil
 }
 
 // duePending is a statement that selects cols of the pending tasks of
-// these types (filter) due at now, in claim order, at most limit of them,
-// locking them if lock (where the database locks rows: SKIP LOCKED), and
-// its arguments.
+// these types due at now, in claim order within each type, at most limit
+// of each type, locking them if lock (where the database locks rows: SKIP
+// LOCKED), and its arguments. The caller merges the types (lease sorts
+// the candidates in claim order).
 //
-// The pending tasks' index is in claim order, priority first, so within a
-// priority the due tasks come first and the ones scheduled ahead after
-// them. One walk of the index in that order went through every task
-// scheduled ahead in a priority before it reached the next, whenever it
-// found fewer than limit due: a claim of 5 due tasks among 200,000
-// scheduled ahead took 6 ms (Postgres, 994 buffers) and 22 ms (SQLite),
-// and so did the check that nothing is claimable (claimableOrNext).
-// Instead the priorities are skipped through (pendingPriorities) and each
-// is walked over its due tasks alone (priority = p AND run_at <= now, an
-// index range): the same claim 0.2 ms and 16 buffers, 0.6 ms; a claim
-// finding nothing with 200,000 scheduled ahead (this check and nextDue)
-// 2.65 → 0.62 ms on Postgres, 20 → 0.24 ms on SQLite (twenty-fourth
-// pass).
+// The pending tasks' index (tasks_claim) is in claim order within a type:
+// type, priority, run_at, created_at. With priority first (before the
+// twenty-seventh pass) a claim of one type read every due task of the
+// other types that came before its own, a table row each to see its type:
+// with 100,000 due tasks of another type waiting, a claim of a type that
+// had none took 22 ms on Postgres and 29 on SQLite, and every commit that
+// created a task woke it to do so again. A type's tasks are now a range of
+// the index, so a claim walks its types one after the other and reads
+// only their tasks. A claim of several types locks up to limit of each
+// (lease signals waiting claims when it leaves some; see lease).
+//
+// Within a type, the due tasks of a priority come first in the index and
+// the ones scheduled ahead after them. One walk in index order went
+// through every task scheduled ahead in a priority before it reached the
+// next whenever it found fewer than limit due: a claim of 5 due tasks
+// among 200,000 scheduled ahead took 6 ms (Postgres, 994 buffers) and 22
+// ms (SQLite), and so did the check that nothing is claimable
+// (claimableOrNext). Instead the type's priorities are skipped through
+// (pendingPriorities) and each is walked over its due tasks alone
+// (priority = p AND run_at <= now, an index range): the same claim 0.2 ms
+// and 16 buffers, 0.6 ms; a claim finding nothing with 200,000 scheduled
+// ahead (this check and nextDue) 2.65 → 0.62 ms on Postgres, 20 → 0.24
+// ms on SQLite (twenty-fourth pass).
 //
 // Postgres does it as a lateral join that stops at limit. There is no
 // ORDER BY: the claim order comes from pr's rows coming out in ascending
 // priority (a recursive CTE yields its rows in the order it makes them)
 // and the nested loop a LATERAL reference forces keeping it, each
 // priority's tasks in order. An ORDER BY would run every priority's
-// subquery in full and lock up to limit rows in each; lease sorts what
-// it gets anyway (testTaskClaimPastScheduledAhead pins the order).
-// SQLite, which has no LATERAL, does it as an IN over the priorities on
-// the index's first column, which it walks value by value in order
-// without a sort (TestClaimWalkPlan pins the plan).
+// subquery in full and lock up to limit rows in each
+// (testTaskClaimPastScheduledAhead pins the order). SQLite, which has no
+// LATERAL, does it as an IN over the priorities on the index's second
+// column, which it walks value by value in order without a sort
+// (TestClaimWalkPlan pins the plan).
 //
-// The price is a descent for each distinct priority that has pending
-// tasks: on Postgres for those a claim passes (an idle claim with 1,001
-// priorities and nothing due read 5,035 buffers in 3.5 ms against 30 in
-// 0.2), on SQLite for all of them at every claim, since it builds the
-// IN list first (a claim of 16 due tasks with 1,001 priorities 0.08 →
-// 0.7 ms). Priorities run from 0 to 1,000; a few in use is the common
-// case, tasks scheduled ahead (run_at, retries backing off) a common
-// one too.
-func (s *Store) duePending(cols, filter string, fargs []any, now int64, limit int, lock bool) (string, []any) {
-	args := append(append([]any{now}, fargs...), limit)
-	if s.d.Lateral {
-		locking := ""
-		if lock {
-			locking = s.d.SkipLocked
-		}
-		return pendingPriorities + ` SELECT t.* FROM pr CROSS JOIN LATERAL (SELECT ` + cols + ` FROM tasks WHERE status = 'pending' AND priority = pr.p AND run_at <= ? AND ` + filter + ` AND ` + notDisabled +
-			` ORDER BY run_at, created_at LIMIT ?` + locking + `) AS t WHERE pr.p IS NOT NULL LIMIT ?`, append(args, limit)
+// The price is a descent for each distinct priority of the type that has
+// pending tasks: on Postgres for those a claim passes, on SQLite for all
+// of them at every claim, since it builds the IN list first (a claim of
+// 16 due tasks with 1,001 priorities of its type 0.08 → 0.7 ms).
+// Priorities run from 0 to 1,000; a few in use is the common case, tasks
+// scheduled ahead (run_at, retries backing off) a common one too.
+func (s *Store) duePending(cols string, types []string, now int64, limit int, lock bool) (string, []any) {
+	if len(types) == 0 {
+		return `SELECT ` + cols + ` FROM tasks WHERE 1 = 0`, nil
 	}
-	return pendingPriorities + ` SELECT ` + cols + ` FROM tasks WHERE status = 'pending' AND priority IN (SELECT p FROM pr WHERE p IS NOT NULL) AND run_at <= ? AND ` + filter + ` AND ` + notDisabled +
-		` ORDER BY priority, run_at, created_at LIMIT ?`, args
+	one := func(typ string) (string, []any) {
+		if s.d.Lateral {
+			locking := ""
+			if lock {
+				locking = s.d.SkipLocked
+			}
+			return pendingPriorities + ` SELECT t.* FROM pr CROSS JOIN LATERAL (SELECT ` + cols + ` FROM tasks WHERE status = 'pending' AND type = ? AND priority = pr.p AND run_at <= ? AND ` + notDisabled +
+				` ORDER BY run_at, created_at LIMIT ?` + locking + `) AS t WHERE pr.p IS NOT NULL LIMIT ?`, []any{typ, typ, typ, now, limit, limit}
+		}
+		return pendingPriorities + ` SELECT ` + cols + ` FROM tasks WHERE status = 'pending' AND type = ? AND priority IN (SELECT p FROM pr WHERE p IS NOT NULL) AND run_at <= ? AND ` + notDisabled +
+			` ORDER BY priority, run_at, created_at LIMIT ?`, []any{typ, typ, typ, now, limit}
+	}
+	return eachType(types, one, func(parts []string) string {
+		for i, p := range parts {
+			parts[i] = `SELECT * FROM (` + p + `) AS w` + strconv.Itoa(i)
+		}
+		return strings.Join(parts, ` UNION ALL `)
+	})
+}
+
+// eachType is the statement of one type for a single type, and for
+// several their statements joined by join, with the arguments in order.
+func eachType(types []string, one func(string) (string, []any), join func([]string) string) (string, []any) {
+	if len(types) == 1 {
+		return one(types[0])
+	}
+	parts := make([]string, len(types))
+	var args []any
+	for i, typ := range types {
+		var a []any
+		parts[i], a = one(typ)
+		args = append(args, a...)
+	}
+	return join(parts), args
+}
+
+// pendingTypes are the types a claim of patterns at now walks the pending
+// tasks of: its exact types, and for each prefix ("billing.%") the types
+// of the tasks that may be pending that start with it (typeCache), sorted,
+// each once.
+func (s *Store) pendingTypes(ctx context.Context, patterns []string, now time.Time) ([]string, error) {
+	if len(patterns) == 0 {
+		patterns = []string{"%"}
+	}
+	var types []string
+	for _, p := range patterns {
+		prefix, ok := strings.CutSuffix(p, "%")
+		if !ascii(prefix) {
+			continue // matches no type (typeFilter)
+		}
+		if !ok {
+			types = append(types, p)
+			continue
+		}
+		all, err := s.ptypes.current(ctx, now, s.readPendingTypes)
+		if err != nil {
+			return nil, fmt.Errorf("types of pending tasks: %w", err)
+		}
+		types = append(types, withPrefix(all, prefix)...)
+	}
+	slices.Sort(types)
+	return slices.Compact(types), nil
+}
+
+// readPendingTypes reads the distinct types of pending tasks, skipping
+// from one to the next in tasks_claim (an index descent each).
+func (s *Store) readPendingTypes(ctx context.Context) ([]string, error) {
+	rows, err := s.r.QueryContext(ctx, `WITH RECURSIVE px(t) AS (SELECT (SELECT type FROM tasks WHERE status = 'pending' ORDER BY type LIMIT 1)
+		UNION ALL SELECT (SELECT type FROM tasks WHERE status = 'pending' AND type > px.t ORDER BY type LIMIT 1) FROM px WHERE px.t IS NOT NULL)
+		SELECT t FROM px WHERE t IS NOT NULL`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var t string
+		if err := rows.Scan(&t); err != nil {
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	return out, rows.Err()
 }
 
 // addCands adds the candidates a claim read returned to cands.
@@ -340,11 +450,11 @@ func addCands(cands *[]lockedTask, rows PipeRows) error {
 
 // claimInTx claims in a write transaction: the walks read the candidates
 // whole, lease decides in memory, and the changeset writes the leases.
-func (s *Store) claimInTx(ctx context.Context, req store.ClaimTasks, filter string, fargs []any, tok string, until time.Time) ([]*store.Task, error) {
+func (s *Store) claimInTx(ctx context.Context, req store.ClaimTasks, types []string, filter string, fargs []any, tok string, until time.Time) ([]*store.Task, error) {
 	var out []*store.Task
 	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		var cands []lockedTask
-		for _, q := range s.claimReads(req, filter, fargs) {
+		for _, q := range s.claimReads(req, types, filter, fargs) {
 			rows, err := tx.QueryContext(ctx, q.SQL, q.Args...)
 			if err != nil {
 				return fmt.Errorf("claim tasks: %w", err)
@@ -367,9 +477,9 @@ func (s *Store) claimInTx(ctx context.Context, req store.ClaimTasks, filter stri
 // (SKIP LOCKED) and reading them whole; the claim decided in memory; the
 // leases and their events written with COMMIT. A claim in a plain
 // transaction took six (begin, the walks, the update, the events, commit).
-func (s *Store) claimPipelined(ctx context.Context, req store.ClaimTasks, filter string, fargs []any, tok string, until time.Time) ([]*store.Task, error) {
+func (s *Store) claimPipelined(ctx context.Context, req store.ClaimTasks, types []string, filter string, fargs []any, tok string, until time.Time) ([]*store.Task, error) {
 	var cands []lockedTask
-	qs := s.claimReads(req, filter, fargs)
+	qs := s.claimReads(req, types, filter, fargs)
 	for i := range qs {
 		qs[i].Custom = true
 		qs[i].Rows = func(r PipeRows) error { return addCands(&cands, r) }
@@ -382,9 +492,9 @@ func (s *Store) claimPipelined(ctx context.Context, req store.ClaimTasks, filter
 	if err != nil {
 		return nil, fmt.Errorf("claim tasks: %w", err)
 	}
-	if s.tcache != nil {
-		s.tcache.put(cs) // their reports then need not read them
-	}
+	// The leased tasks go to the task cache (their reports then need not
+	// read them), and the claim's note (see lease) to the commit hook.
+	s.committed(cs)
 	return out, nil
 }
 
@@ -414,6 +524,12 @@ func (s *Store) lease(ctx context.Context, cs *changeset, cands []lockedTask, re
 		cs.task(&taskTx{s: s, ctx: ctx, cs: cs, task: t, now: now, seq: seq})
 		out = append(out, t)
 	}
+	if len(cands) > len(out) && s.d.SkipLocked != "" {
+		// The rest were locked until this commits, so a claim at the same
+		// time skipped them and may be waiting while they are claimable:
+		// wake it.
+		cs.note.c.Tasks = true
+	}
 	return out
 }
 
@@ -439,9 +555,9 @@ func claimOrder(a, b *store.Task) bool {
 // then), in one statement: NextRead set says nothing is claimable. The LIMIT keeps x a subquery of its own:
 // Postgres would otherwise fold it into the outer query and run the
 // walks once for each of the three uses of ok.
-func (s *Store) claimableOrNext(ctx context.Context, filter string, fargs []any, now int64) (store.Claim, error) {
-	nextSQL, nextArgs := nextDue(filter, fargs, now)
-	due, dueArgs := s.duePending(`1`, filter, fargs, now, 1, false)
+func (s *Store) claimableOrNext(ctx context.Context, types []string, filter string, fargs []any, now int64) (store.Claim, error) {
+	nextSQL, nextArgs := nextDue(types, filter, fargs, now)
+	due, dueArgs := s.duePending(`1`, types, now, 1, false)
 	args := append(append(append(nextArgs, dueArgs...), now), fargs...)
 	var ok bool
 	var pending, leased sql.NullInt64
@@ -461,38 +577,58 @@ func (s *Store) claimableOrNext(ctx context.Context, filter string, fargs []any,
 
 // nextDue is NextTaskDue's two walks, each a statement returning one
 // value, and their arguments in the order the texts hold them: the
-// earliest future run_at of a pending task and lease end of a leased one,
-// each read through its own partial index. Only moments after now: a
-// task that is already claimable is not "next" (a claim would have
-// taken it).
+// earliest future run_at of a pending task of these types, and lease end
+// of a leased one (filter), each read through its own partial index. Only
+// moments after now: a task that is already claimable is not "next" (a
+// claim would have taken it).
 //
-// The pending tasks' index is in claim order, priority first, so the
-// earliest run_at is taken priority by priority: pendingPriorities skips
-// from one priority to the next (an index descent each), and for each
-// the first future task of a matching type is a descent and a walk in
-// run_at order. A MIN(run_at) over the whole index read every pending
-// task, and on Postgres, as a bitmap scan, checked each in the table,
-// dead ones too: ≈9 ms and 910 buffers with 50,000 tasks of the
-// worker's types scheduled ahead, against 0.3–0.9 ms and 17 buffers
-// (twenty-third pass); ≈34 ms at the end of fanout. The walk is long
-// when the worker's types are rare among the tasks ahead in a priority
-// (type is not in the index, so each is read from the table): 25–36 ms
-// against 14–20 for 50,000 tasks of another type, the one case this
-// made slower (docs/performance.md, plan item 8).
-func nextDue(filter string, fargs []any, now int64) ([2]string, []any) {
-	args := append(append([]any{now}, fargs...), now)
+// The pending tasks' index is in claim order within a type, priority
+// next, so a type's earliest run_at is taken priority by priority:
+// pendingPriorities skips from one of the type's priorities to the next
+// (an index descent each), and for each the first future task is a
+// descent. A MIN(run_at) over the whole index read every pending task,
+// and on Postgres, as a bitmap scan, checked each in the table, dead ones
+// too: ≈9 ms and 910 buffers with 50,000 tasks of the worker's types
+// scheduled ahead, against 0.3–0.9 ms and 17 buffers (twenty-third pass);
+// ≈34 ms at the end of fanout. With the type first in the index (see
+// duePending) the tasks of other types ahead are not read at all (before,
+// 25–36 ms for a type with none among 50,000 of another).
+func nextDue(types []string, filter string, fargs []any, now int64) ([2]string, []any) {
+	pending, args := `SELECT CAST(NULL AS BIGINT)`, []any(nil)
+	if len(types) > 0 {
+		pending, args = eachType(types, func(typ string) (string, []any) {
+			return pendingPriorities + ` SELECT MIN((SELECT run_at FROM tasks WHERE status = 'pending' AND type = ? AND priority = pr.p AND run_at > ? AND ` + notDisabled +
+				` ORDER BY run_at LIMIT 1)) FROM pr WHERE pr.p IS NOT NULL`, []any{typ, typ, typ, now}
+		}, func(parts []string) string {
+			for i, p := range parts {
+				parts[i] = `SELECT (` + p + `) AS v`
+			}
+			return `SELECT MIN(v) FROM (` + strings.Join(parts, ` UNION ALL `) + `) AS n`
+		})
+	}
 	return [2]string{
-		pendingPriorities + ` SELECT MIN((SELECT run_at FROM tasks WHERE status = 'pending' AND priority = pr.p AND run_at > ? AND ` + filter + ` AND ` + notDisabled +
-			` ORDER BY run_at LIMIT 1)) FROM pr WHERE pr.p IS NOT NULL`,
+		pending,
 		`SELECT MIN(lease_until) FROM tasks WHERE status = 'leased' AND lease_until > ? AND ` + filter + ` AND ` + notDisabled,
-	}, append(args, fargs...)
+	}, append(append(args, now), fargs...)
+}
+
+// NextDueRead is the statement NextTaskDue reads when the next pending
+// task of patterns is due with, for tests of its plan.
+func (s *Store) NextDueRead(ctx context.Context, patterns []string, now time.Time) (PipeQuery, error) {
+	types, err := s.pendingTypes(ctx, patterns, now)
+	if err != nil {
+		return PipeQuery{}, err
+	}
+	q, args := nextDue(types, "1=1", nil, ts(now))
+	return PipeQuery{SQL: s.q(q[0]), Args: args[:len(args)-1]}, nil
 }
 
 // pendingPriorities is a WITH clause naming pr(p) the distinct
-// priorities of pending tasks in order, each found by an index descent
-// past the one before (the last row's p is NULL).
-const pendingPriorities = `WITH RECURSIVE pr(p) AS (SELECT (SELECT priority FROM tasks WHERE status = 'pending' ORDER BY priority LIMIT 1)
-	UNION ALL SELECT (SELECT priority FROM tasks WHERE status = 'pending' AND priority > pr.p ORDER BY priority LIMIT 1) FROM pr WHERE pr.p IS NOT NULL)`
+// priorities of the pending tasks of one type (its two arguments) in
+// order, each found by an index descent past the one before (the last
+// row's p is NULL).
+const pendingPriorities = `WITH RECURSIVE pr(p) AS (SELECT (SELECT priority FROM tasks WHERE status = 'pending' AND type = ? ORDER BY priority LIMIT 1)
+	UNION ALL SELECT (SELECT priority FROM tasks WHERE status = 'pending' AND type = ? AND priority > pr.p ORDER BY priority LIMIT 1) FROM pr WHERE pr.p IS NOT NULL)`
 
 // earliest is the earlier of two optional moments.
 func earliest(a, b sql.NullInt64) (time.Time, bool) {
@@ -516,8 +652,12 @@ func (s scanTail) Scan(dest ...any) error { return s.rows.Scan(append(dest, s.ex
 // NextTaskDue finds the next moment a matching task becomes claimable
 // (see nextDue), in one statement.
 func (s *Store) NextTaskDue(ctx context.Context, patterns []string, now time.Time) (time.Time, bool, error) {
+	types, err := s.pendingTypes(ctx, patterns, now)
+	if err != nil {
+		return time.Time{}, false, err
+	}
 	filter, fargs := s.typeFilter(patterns)
-	q, args := nextDue(filter, fargs, ts(now))
+	q, args := nextDue(types, filter, fargs, ts(now))
 	var pending, leased sql.NullInt64
 	if err := s.r.QueryRowContext(ctx, s.q(`SELECT (`+q[0]+`), (`+q[1]+`)`), args...).Scan(&pending, &leased); err != nil {
 		return time.Time{}, false, err

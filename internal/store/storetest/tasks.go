@@ -25,6 +25,8 @@ var taskTests = []test{
 	{"ClaimPastTasksScheduledAhead", testTaskClaimPastScheduledAhead},
 	{"ClaimOrderTiesByID", testTaskClaimTies},
 	{"ClaimPrefixRouting", testTaskClaimRouting},
+	{"ClaimAcrossTypesInClaimOrder", testTaskClaimAcrossTypes},
+	{"ClaimPrefixFindsTypesNewlyPending", testTaskClaimPrefixNewTypes},
 	{"ClaimNotYetDue", testTaskClaimNotDue},
 	{"ClaimSetsLeaseAndEvent", testTaskClaimLease},
 	{"LeaseExpiryReclaim", testTaskLeaseExpiry},
@@ -382,6 +384,8 @@ func testTaskClaimRouting(t *testing.T, s store.Store) {
 		t.Helper()
 		return taskTypes(claimTasks(t, s, patterns, "w", at(time.Second), time.Hour, 100))
 	}
+	diff(t, "upper case (types compare byte by byte)", []string{}, claim("BILLING.%", "Exact.type.v1", "billing.INVOICE.v1"))
+	diff(t, "a prefix beyond ASCII", []string{}, claim("billing.é%", "\xff%", "billing.\xff.v1"))
 	diff(t, "billing.% (not billingx, not payments)", []string{"billing.invoice.v1", "billing.refund.v2"}, claim("billing.%"))
 	diff(t, "a_b.% (_ is literal)", []string{"a_b.c.v1"}, claim("a_b.%"))
 	diff(t, "pct%.% (% inside a prefix is literal)", []string{"pct%.a.v1"}, claim("pct%.%"))
@@ -389,6 +393,71 @@ func testTaskClaimRouting(t *testing.T, s store.Store) {
 	diff(t, "nothing matches", []string{}, claim("nope.%", "exact.type.v"))
 	diff(t, "several patterns", []string{"exact.type.v10", "payments.card.v1", "payments.x.v1"}, claim("payments.%", "exact.type.v10"))
 	diff(t, "the rest (pattern %)", []string{"axb.c.v1", "billingx.a.v1", "exact.type.v1.sub.v1", "pctx.a.v1"}, claim("%"))
+}
+
+// testTaskClaimAcrossTypes: a claim of several types (exact and
+// prefixes) hands out their due tasks in one claim order (priority,
+// run_at, created_at), however the types interleave, and stops at max;
+// tasks of other types, the earliest of all, are left.
+func testTaskClaimAcrossTypes(t *testing.T, s store.Store) {
+	byID := map[string]string{}
+	task := func(name, typ string, priority int, runAt time.Time) {
+		k := newTask(typ, runAt)
+		k.Priority = priority
+		byID[mkTask(t, s, k, t0).ID] = name
+	}
+	task("other-first", "mix.other.v1", 0, at(-time.Hour))
+	task("a-p5-late", "mix.a.v1", 5, at(-time.Second))
+	task("b-p1", "mix.b.v1", 1, at(-time.Second))
+	task("c-p5-early", "mixc.x.v1", 5, at(-3*time.Second))
+	task("a-p1-later", "mix.a.v1", 1, at(-time.Millisecond))
+	task("b-p5-mid", "mix.b.v1", 5, at(-2*time.Second))
+	task("a-ahead", "mix.a.v1", 0, at(time.Hour))
+	names := func(ts []*store.Task) []string {
+		out := make([]string, len(ts))
+		for i, k := range ts {
+			out[i] = byID[k.ID]
+		}
+		return out
+	}
+	patterns := []string{"mix.a.v1", "mixc.%", "mix.b.v1"}
+	diff(t, "first claim (max 3)", []string{"b-p1", "a-p1-later", "c-p5-early"}, names(claimTasks(t, s, patterns, "w", t0, time.Hour, 3)))
+	diff(t, "second claim (max 10)", []string{"b-p5-mid", "a-p5-late"}, names(claimTasks(t, s, patterns, "w", t0, time.Hour, 10)))
+	diff(t, "third claim", []string{}, names(claimTasks(t, s, patterns, "w", t0, time.Hour, 10)))
+	next, ok, err := s.NextTaskDue(t.Context(), patterns, t0)
+	must(t, err, "NextTaskDue")
+	if !ok || !next.Equal(at(time.Hour)) {
+		t.Errorf("next due of the claimed types: %v, %v; want %v", next, ok, at(time.Hour))
+	}
+}
+
+// testTaskClaimPrefixNewTypes: a claim of a prefix takes the tasks of a
+// type that became pending after an earlier claim of it found none, at
+// the same moment: a new task of a new type, and a task of a type that
+// had none pending going back to pending (a retry).
+func testTaskClaimPrefixNewTypes(t *testing.T, s store.Store) {
+	now := at(time.Minute)
+	claim := func(what string, want ...string) []*store.Task {
+		t.Helper()
+		got := claimTasks(t, s, []string{"fresh.%"}, "w", now, time.Hour, 10)
+		diff(t, what, append([]string{}, want...), taskTypes(got))
+		return got
+	}
+	claim("nothing pending yet")
+	mkTask(t, s, newTask("fresh.a.v1", t0), now)
+	claim("a new type", "fresh.a.v1")
+	claim("nothing pending again")
+	mkTask(t, s, newTask("fresh.b.v1", t0), now)
+	mkTask(t, s, newTask("freshx.c.v1", t0), now)
+	got := claim("another new type, not one of another prefix", "fresh.b.v1")
+	now = now.Add(2 * time.Second) // past what any store may remember
+	claim("nothing pending after a while")
+	must(t, s.InTask(t.Context(), got[0].ID, now, func(tx store.TaskTx) error {
+		k := *tx.Task()
+		k.Status, k.LeasedBy, k.LeaseToken, k.LeaseUntil, k.RunAt = status.TaskPending, "", "", nil, now
+		return tx.UpdateTask(&k)
+	}), "InTask retry")
+	claim("a retried task of a type none was pending of", "fresh.b.v1")
 }
 
 func testTaskClaimNotDue(t *testing.T, s store.Store) {

@@ -1,0 +1,47 @@
+package storetest
+
+import (
+	"database/sql"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/store"
+)
+
+// BenchClaimPastOtherType measures what a worker of one type pays while
+// n tasks of another type wait, half of them due and half scheduled
+// ahead: its claim finding nothing (an idle worker's long-poll, which
+// every commit that creates a task wakes), and the read of when its next
+// task is due. db is s's database, for filling it in one statement.
+func BenchClaimPastOtherType(b *testing.B, s store.Store, db *sql.DB, n int) {
+	now := time.Now().UTC()
+	us := strconv.FormatInt(now.UnixMicro(), 10)
+	// One statement both databases run, with no placeholders: their
+	// styles differ.
+	if _, err := db.ExecContext(b.Context(), `WITH RECURSIVE g(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM g WHERE x < `+strconv.Itoa(n)+`)
+		INSERT INTO tasks (id, type, payload, status, priority, run_at, attempt, max_attempts, created_at, updated_at)
+		SELECT 'busy' || x, 'busy.a.v1', '{}', 'pending', 100, `+us+` + (x % 2) * 7200000000 - 3600000000 + x, 0, 3, `+us+`, `+us+` FROM g`); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := db.ExecContext(b.Context(), `ANALYZE tasks`); err != nil {
+		b.Fatal(err)
+	}
+	for _, patterns := range [][]string{{"rare.a.v1"}, {"rare.%"}} {
+		b.Run("idle-claim/"+patterns[0], func(b *testing.B) {
+			for b.Loop() {
+				c, err := s.ClaimOrNext(b.Context(), store.ClaimTasks{Patterns: patterns, WorkerID: "w", Lease: time.Minute, Max: 16, Now: now})
+				if err != nil || len(c.Tasks) != 0 {
+					b.Fatalf("claim: %d tasks, %v", len(c.Tasks), err)
+				}
+			}
+		})
+	}
+	b.Run("next-due", func(b *testing.B) {
+		for b.Loop() {
+			if _, _, err := s.NextTaskDue(b.Context(), []string{"rare.a.v1"}, now); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

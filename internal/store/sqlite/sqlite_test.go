@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferryhq/ferry/internal/status"
 	"github.com/ferryhq/ferry/internal/store"
 	"github.com/ferryhq/ferry/internal/store/sqlite"
 	"github.com/ferryhq/ferry/internal/store/sqlstore"
@@ -106,8 +107,15 @@ func TestSynchronousOption(t *testing.T) {
 // several types does so for each.
 func TestClaimWalkPlan(t *testing.T) {
 	s := open(t)
+	now := time.Unix(1_700_000_000, 0)
+	for _, typ := range []string{"billing.invoice.v1", "billing.refund.v1", "mail.send.v1"} {
+		// Claims walk only the types that have pending tasks.
+		if _, _, err := s.CreateTask(t.Context(), &store.Task{Type: typ, Payload: []byte(`{}`), Status: status.TaskPending, Priority: 100, RunAt: now.Add(time.Hour)}, now); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, types := range [][]string{{"billing.invoice.v1"}, {"billing.invoice.v1", "billing.refund.v1", "mail.send.v1"}} {
-		qs, err := s.ClaimReads(t.Context(), store.ClaimTasks{Patterns: types, WorkerID: "w", Lease: time.Minute, Max: 16, Now: time.Unix(1_700_000_000, 0)})
+		qs, err := s.ClaimReads(t.Context(), store.ClaimTasks{Patterns: types, WorkerID: "w", Lease: time.Minute, Max: 16, Now: now})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -118,7 +126,7 @@ func TestClaimWalkPlan(t *testing.T) {
 		if strings.Contains(all, "TEMP B-TREE") {
 			t.Errorf("claim of %v sorts its tasks:\n%s", types, all)
 		}
-		q, err := s.NextDueRead(t.Context(), types, time.Unix(1_700_000_000, 0))
+		q, err := s.NextDueRead(t.Context(), types, now)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -11,18 +11,19 @@ import (
 )
 
 // typeCacheTTL is how long a read of the pending tasks' types answers
-// claims of a prefix. Tasks made pending through this store add their
-// types at once (typeCache.note); the read again is for those other
-// nodes made pending, whose notifications also mark it stale (see
+// claims. Tasks made pending through this store add their types at once
+// (typeCache.note); the read again is for those other nodes made
+// pending, whose notifications also mark it stale (see
 // Store.PendingTypesChanged), so it matters only where one goes missing.
 const typeCacheTTL = time.Second
 
 // typeCache holds the types of the tasks that may be pending, for claims
-// of a prefix ("billing.%"): the pending tasks' index is by type first
-// (see duePending), so such a claim walks each of the prefix's types,
-// and reading which those are at every claim cost a statement more a
-// claim (jobs, whose worker claims "bench.%": −10 % on SQLite, −15 % on
-// Postgres, alternating pairs).
+// (see Store.pendingTypes): the pending tasks' index is by type first
+// (see duePending), so a claim walks each of its types, those a prefix
+// ("billing.%") stands for found here, and reading which those are at
+// every claim cost a statement more a claim (jobs, whose worker claims
+// "bench.%": −10 % on SQLite, −15 % on Postgres, alternating pairs). A
+// claim of exact types walks only those found here too.
 //
 // A type stays until a read finds no pending task of it that began after
 // it was last noted: a task noted before a read began committed before
@@ -36,6 +37,7 @@ type typeCache struct {
 	reads  int64            // reads begun
 	readAt time.Time        // the time of the claim that began the last read
 	fresh  bool             // read since the last PendingTypesChanged
+	stales int64            // PendingTypesChanged calls
 	sorted []string         // types, sorted; nil when they changed
 }
 
@@ -69,10 +71,11 @@ func (c *typeCache) note(cs *changeset) {
 	}
 }
 
-// stale marks the types to be read again at the next claim of a prefix.
+// stale marks the types to be read again at the next claim.
 func (c *typeCache) stale() {
 	c.mu.Lock()
 	c.fresh = false
+	c.stales++
 	c.mu.Unlock()
 }
 
@@ -89,16 +92,20 @@ func (c *typeCache) current(ctx context.Context, now time.Time, read func(contex
 	}
 	c.mu.Lock()
 	c.reads++
-	n := c.reads
-	c.fresh = true // a change from here on marks it stale again
+	n, stales := c.reads, c.stales
+	// Claims that come while this reads wait for it (on refresh): the
+	// list they would get now may lack what made it stale.
+	c.fresh = false
 	c.mu.Unlock()
 	found, err := read(ctx)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err != nil {
-		c.fresh = false
 		return nil, err
 	}
+	// Marked stale while it read: the read may have begun before what
+	// the mark was for committed.
+	c.fresh = c.stales == stales
 	seen := make(map[string]bool, len(found))
 	for _, t := range found {
 		seen[t] = true
@@ -118,11 +125,13 @@ func (c *typeCache) current(ctx context.Context, now time.Time, read func(contex
 	return c.list(), nil
 }
 
-// get is the types if they need no read at now.
+// get is the types if they need no read at now: fresh, and read less
+// than typeCacheTTL from now either way (claims at the same time take
+// their times in any order; a clock set back by more reads again).
 func (c *typeCache) get(now time.Time) ([]string, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.fresh || now.Sub(c.readAt) >= typeCacheTTL || now.Before(c.readAt) {
+	if !c.fresh || now.Sub(c.readAt) >= typeCacheTTL || c.readAt.Sub(now) >= typeCacheTTL {
 		return nil, false
 	}
 	return c.list(), true
@@ -151,6 +160,6 @@ func withPrefix(sorted []string, prefix string) []string {
 }
 
 // PendingTypesChanged tells the store that tasks of types it may not know
-// of became pending elsewhere (another node's notification): claims of a
-// prefix read the pending tasks' types again.
+// of became pending elsewhere (another node's notification): the next
+// claim reads the pending tasks' types again.
 func (s *Store) PendingTypesChanged() { s.ptypes.stale() }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -62,9 +64,13 @@ func TestTypeCacheReadsOnceATTL(t *testing.T) {
 	if r.calls != 2 {
 		t.Errorf("at the TTL: %d reads, want 2", r.calls)
 	}
-	current(t, &c, t0, r) // a clock that went back
+	current(t, &c, t0.Add(typeCacheTTL-time.Millisecond), r) // a claim that took its time before the read's
+	if r.calls != 2 {
+		t.Errorf("a moment before the last read: %d reads, want 2", r.calls)
+	}
+	current(t, &c, t0, r) // a clock set back by the TTL
 	if r.calls != 3 {
-		t.Errorf("before the last read: %d reads, want 3", r.calls)
+		t.Errorf("the TTL before the last read: %d reads, want 3", r.calls)
 	}
 	c.stale()
 	current(t, &c, t0, r)
@@ -124,5 +130,80 @@ func TestWithPrefix(t *testing.T) {
 		if got := withPrefix(sorted, c.prefix); !slices.Equal(got, c.want) {
 			t.Errorf("withPrefix(%q) = %v, want %v", c.prefix, got, c.want)
 		}
+	}
+}
+
+// TestTypeCacheOneReadForClaimsWaitingOnIt: claims that find the types
+// stale while a read is under way wait for it and use what it read.
+func TestTypeCacheOneReadForClaimsWaitingOnIt(t *testing.T) {
+	var c typeCache
+	t0 := time.Unix(1_700_000_000, 0)
+	inRead, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	read := func(context.Context) ([]string, error) {
+		if calls.Add(1) == 1 {
+			close(inRead)
+			<-release // the others find it under way
+		}
+		return []string{"a.v1"}, nil
+	}
+	var wg sync.WaitGroup
+	got := make([][]string, 4)
+	for i := range got {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if i > 0 {
+				<-inRead // the first is reading
+			}
+			out, err := c.current(t.Context(), t0, read)
+			if err != nil {
+				t.Error(err)
+			}
+			got[i] = slices.Clone(out)
+		}()
+	}
+	<-inRead
+	close(release)
+	wg.Wait()
+	if n := calls.Load(); n != 1 {
+		t.Errorf("%d reads for four claims at once, want 1", n)
+	}
+	for i, g := range got {
+		if !slices.Equal(g, []string{"a.v1"}) {
+			t.Errorf("claim %d: %v", i, g)
+		}
+	}
+}
+
+// TestTypeCacheStaleDuringARead: a claim that comes while a read is under
+// way waits for it rather than taking the list from before; and a read
+// during which the types were marked stale does not make them fresh (it
+// may have begun before what the mark was for committed).
+func TestTypeCacheStaleDuringARead(t *testing.T) {
+	var c typeCache
+	t0 := time.Unix(1_700_000_000, 0)
+	current(t, &c, t0, &reader{types: []string{"a.v1"}})
+	c.stale()
+	inRead, release := make(chan struct{}), make(chan struct{})
+	first := &reader{types: []string{"a.v1"}, during: func() {
+		close(inRead)
+		<-release
+	}}
+	done := make(chan []string)
+	go func() {
+		out, _ := c.current(t.Context(), t0, first.read)
+		done <- slices.Clone(out)
+	}()
+	<-inRead
+	if out, ok := c.get(t0); ok {
+		t.Errorf("during a read after a stale mark, get gave %v without waiting", out)
+	}
+	c.stale() // another node's notification while it reads
+	close(release)
+	<-done
+	second := &reader{types: []string{"a.v1", "b.v1"}}
+	if got := current(t, &c, t0, second); !slices.Equal(got, []string{"a.v1", "b.v1"}) || second.calls != 1 {
+		t.Errorf("after a read during which it was marked stale: %v after %d reads, want a read again", got, second.calls)
 	}
 }

@@ -27,6 +27,7 @@ var taskTests = []test{
 	{"ClaimPrefixRouting", testTaskClaimRouting},
 	{"ClaimAcrossTypesInClaimOrder", testTaskClaimAcrossTypes},
 	{"ClaimPrefixFindsTypesNewlyPending", testTaskClaimPrefixNewTypes},
+	{"ClaimOfManyTypes", testTaskClaimManyTypes},
 	{"ClaimNotYetDue", testTaskClaimNotDue},
 	{"ClaimSetsLeaseAndEvent", testTaskClaimLease},
 	{"LeaseExpiryReclaim", testTaskLeaseExpiry},
@@ -428,6 +429,50 @@ func testTaskClaimAcrossTypes(t *testing.T, s store.Store) {
 	must(t, err, "NextTaskDue")
 	if !ok || !next.Equal(at(time.Hour)) {
 		t.Errorf("next due of the claimed types: %v, %v; want %v", next, ok, at(time.Hour))
+	}
+}
+
+// testTaskClaimManyTypes: a claim of more types than one statement walks
+// (130, each with a due task and one scheduled ahead) hands out the due
+// tasks of all of them in claim order, and when none is left says when the
+// earliest of the others is due, whichever statement walked its type.
+func testTaskClaimManyTypes(t *testing.T, s store.Store) {
+	const n = 130
+	var want []string
+	for i := range n {
+		typ := fmt.Sprintf("many.t%03d.v1", i)
+		due := newTask(typ, t0)
+		due.Priority = 1000 - i // claim order: the last type first
+		mkTask(t, s, due, t0)
+		mkTask(t, s, newTask(typ, at(time.Hour+time.Duration(n-i)*time.Second)), t0)
+		want = append([]string{typ}, want...)
+	}
+	inOrder := func(ts []*store.Task) []string {
+		out := make([]string, len(ts))
+		for i, k := range ts {
+			out[i] = k.Type
+		}
+		return out
+	}
+	diff(t, "first claim (max 100)", want[:100], inOrder(claimTasks(t, s, []string{"many.%"}, "w", t0, 3*time.Hour, 100)))
+	diff(t, "second claim (max 100)", want[100:], inOrder(claimTasks(t, s, []string{"many.%"}, "w", t0, 3*time.Hour, 100)))
+	for try := 0; try < 2; try++ {
+		c, err := s.ClaimOrNext(t.Context(), store.ClaimTasks{Patterns: []string{"many.%"}, WorkerID: "w", Lease: 2 * time.Hour, Max: 10, Now: t0})
+		must(t, err, "ClaimOrNext")
+		if len(c.Tasks) != 0 {
+			t.Fatalf("claim with only later tasks left took %v", taskTypes(c.Tasks))
+		}
+		if c.NextRead {
+			if !c.NextOK || !c.Next.Equal(at(time.Hour+time.Second)) {
+				t.Errorf("next due: %v, %v; want %v (the last type's)", c.Next, c.NextOK, at(time.Hour+time.Second))
+			}
+			break
+		}
+	}
+	next, ok, err := s.NextTaskDue(t.Context(), []string{"many.%"}, t0)
+	must(t, err, "NextTaskDue")
+	if !ok || !next.Equal(at(time.Hour+time.Second)) {
+		t.Errorf("NextTaskDue: %v, %v; want %v", next, ok, at(time.Hour+time.Second))
 	}
 }
 

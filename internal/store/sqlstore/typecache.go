@@ -38,6 +38,7 @@ type typeCache struct {
 	readAt time.Time        // the time of the claim that began the last read
 	fresh  bool             // read since the last PendingTypesChanged
 	stales int64            // PendingTypesChanged calls
+	done   int64            // the last read that succeeded
 	sorted []string         // types, sorted; nil when they changed
 }
 
@@ -85,11 +86,37 @@ func (c *typeCache) current(ctx context.Context, now time.Time, read func(contex
 	if out, ok := c.get(now); ok {
 		return out, nil
 	}
+	return c.refreshed(ctx, now, c.arrival(), read)
+}
+
+// arrival is the number of the last read begun, taken by a claim that
+// found the list stale.
+func (c *typeCache) arrival() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.reads
+}
+
+// refreshed is current for a claim that found the list stale when the
+// last read begun was arrived: it waits for the read under way, and uses
+// it, or reads.
+func (c *typeCache) refreshed(ctx context.Context, now time.Time, arrived int64, read func(context.Context) ([]string, error)) ([]string, error) {
 	c.refresh.Lock()
 	defer c.refresh.Unlock()
 	if out, ok := c.get(now); ok {
 		return out, nil // read by the claim this one waited for
 	}
+	c.mu.Lock()
+	if c.done > arrived {
+		// A read that began after this claim found the list stale saw
+		// every commit the claim must see, whatever was marked stale
+		// since: a mark is followed by a wake-up, which claims again.
+		// Without this, claims woken together while notifications kept
+		// coming read one after another.
+		defer c.mu.Unlock()
+		return c.list(), nil
+	}
+	c.mu.Unlock()
 	c.mu.Lock()
 	c.reads++
 	n, stales := c.reads, c.stales
@@ -106,6 +133,7 @@ func (c *typeCache) current(ctx context.Context, now time.Time, read func(contex
 	// Marked stale while it read: the read may have begun before what
 	// the mark was for committed.
 	c.fresh = c.stales == stales
+	c.done = n
 	seen := make(map[string]bool, len(found))
 	for _, t := range found {
 		seen[t] = true

@@ -207,3 +207,31 @@ func TestTypeCacheStaleDuringARead(t *testing.T) {
 		t.Errorf("after a read during which it was marked stale: %v after %d reads, want a read again", got, second.calls)
 	}
 }
+
+// TestTypeCacheWaiterTakesAReadBegunAfterIt: a claim that found the list
+// stale takes the list of a read that began after that, even if the list
+// was marked stale again while it ran; a claim that found it stale after
+// that read began reads again.
+func TestTypeCacheWaiterTakesAReadBegunAfterIt(t *testing.T) {
+	var c typeCache
+	t0 := time.Unix(1_700_000_000, 0)
+	current(t, &c, t0, &reader{types: []string{"a.v1"}})
+	c.stale()
+	first, second := c.arrival(), c.arrival() // two claims find it stale
+	r := &reader{types: []string{"a.v1", "b.v1"}}
+	var third int64
+	r.during = func() {
+		third = c.arrival() // a claim that comes while it reads
+		c.stale()           // a notification while it reads
+	}
+	for i, arrived := range []int64{first, second} {
+		got, err := c.refreshed(t.Context(), t0, arrived, r.read)
+		if err != nil || !slices.Equal(got, []string{"a.v1", "b.v1"}) || r.calls != 1 {
+			t.Errorf("claim %d: %v, %v after %d reads; want the one read's list", i+1, got, err, r.calls)
+		}
+	}
+	r.during = nil
+	if _, err := c.refreshed(t.Context(), t0, third, r.read); err != nil || r.calls != 2 {
+		t.Errorf("a claim that came during the read: %d reads, %v; want a read of its own", r.calls, err)
+	}
+}

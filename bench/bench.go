@@ -57,7 +57,11 @@ type Options struct {
 	// "http" (the engine's API served on loopback, the worker SDK and
 	// the triggers going through the Go client, as remote workers do).
 	Transport string
-	Logger    *slog.Logger
+	// Nodes runs this many engines on the one Postgres database, as
+	// separate servers would be (0 or 1: one). The triggers go to them
+	// in turn and each runs its share of the workers.
+	Nodes  int
+	Logger *slog.Logger
 	// progress, when set, receives each scale level as it is measured.
 	progress func(Result)
 }
@@ -126,6 +130,16 @@ func Run(ctx context.Context, o Options, out io.Writer) ([]Result, error) {
 	default:
 		return nil, fmt.Errorf("transport %q: use embedded or http", o.Transport)
 	}
+	if o.Nodes > 1 {
+		switch {
+		case !isPostgres(o.Database):
+			return nil, errors.New("--nodes: several nodes share a Postgres database (SQLite is one node); give a postgres:// URL")
+		case o.Transport == "http":
+			return nil, errors.New("--nodes: with --transport http the workers reach one node; use embedded")
+		case o.Workload == "scale":
+			return nil, errors.New("scale: --nodes does not apply (its claims are timed in process)")
+		}
+	}
 	var results []Result
 	for _, name := range names {
 		if name == "scale" {
@@ -186,9 +200,15 @@ func runMedian(ctx context.Context, name string, o Options) (Result, error) {
 	return med, nil
 }
 
-// env is one fresh engine with its workers.
+// env is one fresh engine with its workers, or several on one database
+// (Options.Nodes).
 type env struct {
-	eng      *ferry.Engine
+	eng      *ferry.Engine // the first node: workflows are applied there
+	engs     []*ferry.Engine
+	turn     atomic.Uint64 // the node the next trigger goes to (see node)
+	// nodeTasks, with several nodes, is how many tasks each node's
+	// workers have handled.
+	nodeTasks func() []int64
 	st       store.Store
 	backend  string
 	settings map[string]any
@@ -220,7 +240,7 @@ func freshDatabase(ctx context.Context, database string) (url string, backend st
 			opts = "?" + q
 		}
 		return "sqlite:" + filepath.Join(dir, "bench.db") + opts, "sqlite", func() { os.RemoveAll(dir) }, nil
-	case strings.HasPrefix(database, "postgres://"), strings.HasPrefix(database, "postgresql://"):
+	case isPostgres(database):
 		schema := "ferry_bench_" + strings.ToLower(rand.Text()[:10])
 		// The schema is made on a plain connection: Ferry's own URL
 		// parameters (ferry_max_conns) are not Postgres's.
@@ -251,6 +271,10 @@ func freshDatabase(ctx context.Context, database string) (url string, backend st
 	return "", "", nil, fmt.Errorf("database %q: use sqlite or a postgres:// URL", database)
 }
 
+func isPostgres(database string) bool {
+	return strings.HasPrefix(database, "postgres://") || strings.HasPrefix(database, "postgresql://")
+}
+
 func withSearchPath(dsn, schema string) (string, error) {
 	u, err := url.Parse(dsn)
 	if err != nil {
@@ -271,35 +295,76 @@ func start(ctx context.Context, o Options, handler worker.HandlerFunc) (*env, er
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	eng, err := ferry.Open(ctx, ferry.Config{Database: dsn, Migrate: true, Concurrency: o.Concurrency, Logger: log, PublicURL: "http://127.0.0.1:0"})
-	if err != nil {
-		cleanup()
-		return nil, err
-	}
+	nodes := max(o.Nodes, 1)
 	rctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = eng.Run(rctx) }()
+	var engs []*ferry.Engine
+	closeAll := func() {
+		cancel()
+		wg.Wait()
+		for _, eng := range engs {
+			eng.Close()
+		}
+		cleanup()
+	}
+	// Each node is an engine of its own on the same database, as separate
+	// `ferry server` processes are: its own connections, listener, timer
+	// loop, caches and workers. The first migrates the fresh schema.
+	for i := range nodes {
+		eng, err := ferry.Open(ctx, ferry.Config{Database: dsn, Migrate: i == 0, Concurrency: o.Concurrency, Logger: log.With("node", i), PublicURL: "http://127.0.0.1:0"})
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("node %d: %w", i, err)
+		}
+		engs = append(engs, eng)
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = eng.Run(rctx) }()
+	}
+	eng := engs[0]
 	var src worker.Source = eng
 	var api *client.Client
 	requests := new(atomic.Int64)
 	stopServer := func() {}
 	if o.Transport == "http" {
 		if api, stopServer, err = serveAPI(ctx, eng, requests); err != nil {
-			cancel()
-			wg.Wait()
-			eng.Close()
-			cleanup()
+			closeAll()
 			return nil, err
 		}
 		src = api
 	}
-	// No-op handlers finish a prefetched task long before its lease ends.
-	w := worker.New(src, worker.Config{Types: []string{"bench.%"}, Concurrency: o.Workers, Prefetch: o.Workers, Lease: 30 * time.Second, PollWait: time.Second, WorkerID: "bench", Logger: log})
-	e := &env{eng: eng, st: eng.Store(), api: api, requests: requests, backend: backend, rate: o.Rate, settings: map[string]any{
+	e := &env{eng: eng, engs: engs, st: eng.Store(), api: api, requests: requests, backend: backend, rate: o.Rate, settings: map[string]any{
 		"workers": o.Workers, "worker_prefetch": o.Workers, "engine_concurrency": o.Concurrency, "lease": "30s", "poll_wait": "1s", "trigger_clients": triggerClients,
 		"transport": cmp.Or(o.Transport, "embedded"),
 	}}
+	// The handlers are shared out among the nodes; each node's count of
+	// them is in settings.node_tasks.
+	perNode := (o.Workers + nodes - 1) / nodes
+	handled := make([]atomic.Int64, nodes)
+	var workers []*worker.Worker
+	for i := range nodes {
+		if i > 0 {
+			src = engs[i]
+		}
+		// No-op handlers finish a prefetched task long before its lease ends.
+		w := worker.New(src, worker.Config{Types: []string{"bench.%"}, Concurrency: perNode, Prefetch: perNode, Lease: 30 * time.Second, PollWait: time.Second, WorkerID: fmt.Sprintf("bench-%d", i), Logger: log})
+		w.Handle("bench.noop.v1", func(ctx context.Context, t *worker.Task) (any, error) {
+			defer e.handled.Add(1)
+			defer handled[i].Add(1)
+			return handler(ctx, t)
+		})
+		workers = append(workers, w)
+	}
+	if nodes > 1 {
+		e.settings["nodes"] = nodes
+		e.settings["workers_per_node"] = perNode
+		e.nodeTasks = func() []int64 {
+			out := make([]int64, nodes)
+			for i := range handled {
+				out[i] = handled[i].Load()
+			}
+			return out
+		}
+	}
 	if backend == "sqlite" {
 		e.settings["sqlite_synchronous"] = "full"
 		if strings.Contains(dsn, "synchronous=normal") {
@@ -321,21 +386,18 @@ func start(ctx context.Context, o Options, handler worker.HandlerFunc) (*env, er
 			e.settings["postgres_url_params"] = params
 		}
 	}
-	w.Handle("bench.noop.v1", func(ctx context.Context, t *worker.Task) (any, error) {
-		defer e.handled.Add(1)
-		return handler(ctx, t)
-	})
 	e.settings["eager_dispatch"] = true // the worker SDK's default
 	e.startWorkers = func() {
-		wg.Add(1)
-		go func() { defer wg.Done(); _ = w.Run(rctx) }()
+		for _, w := range workers {
+			wg.Add(1)
+			go func() { defer wg.Done(); _ = w.Run(rctx) }()
+		}
 	}
 	e.stop = func() {
 		cancel()
 		wg.Wait()
 		stopServer()
-		eng.Close()
-		cleanup()
+		closeAll()
 	}
 	return e, nil
 }
@@ -475,7 +537,12 @@ func (e *env) trigger(ctx context.Context, workflow string, input json.RawMessag
 		}
 		return res.RunID, nil
 	}
-	return e.eng.Trigger(ctx, workflow, input, "")
+	return e.node().Trigger(ctx, workflow, input, "")
+}
+
+// node is the engine of the next trigger: the nodes in turn.
+func (e *env) node() *ferry.Engine {
+	return e.engs[(e.turn.Add(1)-1)%uint64(len(e.engs))]
 }
 
 // triggerBatch starts one run per input in one call.
@@ -492,7 +559,7 @@ func (e *env) triggerBatch(ctx context.Context, workflow string, inputs []json.R
 	for i, in := range inputs {
 		batch[i].Input = in
 	}
-	_, err := e.eng.TriggerBatch(ctx, workflow, batch)
+	_, err := e.node().TriggerBatch(ctx, workflow, batch)
 	return err
 }
 

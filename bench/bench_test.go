@@ -59,9 +59,6 @@ func TestWorkloadsReportEveryKey(t *testing.T) {
 	}
 }
 
-// TestSleepRSSAndRepeat: sleep-rss holds every run asleep, start times
-// every run's first step, and --repeat reports the median run with every
-// run's rate in settings.
 // TestPostgresMaxConnsOption: a Postgres URL may carry Ferry's
 // ferry_max_conns, which the bench passes to the engine (and records)
 // but not to the connection that makes its schema.
@@ -80,6 +77,9 @@ func TestPostgresMaxConnsOption(t *testing.T) {
 	}
 }
 
+// TestSleepRSSAndRepeat: sleep-rss holds every run asleep, start times
+// every run's first step, and --repeat reports the median run with every
+// run's rate in settings.
 func TestSleepRSSAndRepeat(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs workloads")
@@ -219,5 +219,41 @@ func TestHTTPTransport(t *testing.T) {
 	// label those figures HTTP.
 	if _, err := Run(t.Context(), Options{Workload: "scale", Database: "sqlite", N: 300, Transport: "http", Timeout: time.Minute}, nil); err == nil || !strings.Contains(err.Error(), "--transport http") {
 		t.Errorf("scale over http: %v", err)
+	}
+}
+
+// TestSeveralNodes: with Nodes the workloads run on engines sharing one
+// Postgres database, every node's workers handling some of the tasks (the
+// triggers go to the nodes in turn and wake their own workers), and
+// several nodes are refused where they cannot apply.
+func TestSeveralNodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs workloads")
+	}
+	dsn := pgtest.DSN(t)
+	database := dsn[:strings.Index(dsn, "?")] + "?sslmode=disable"
+	for _, w := range []string{"jobs", "chain10", "sleep"} {
+		res, err := Run(t.Context(), Options{Workload: w, Database: database, N: 20, Workers: 4, Nodes: 2, Timeout: time.Minute}, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", w, err)
+		}
+		r := res[0]
+		tasks, _ := r.Settings["node_tasks"].([]int64)
+		want := int64(20)
+		if w == "chain10" {
+			want = 200
+		}
+		if r.Completed != 20 || r.Settings["nodes"] != 2 || r.Settings["workers_per_node"] != 2 || len(tasks) != 2 || tasks[0]+tasks[1] != want || tasks[0] == 0 || tasks[1] == 0 {
+			t.Errorf("%s: completed %d, settings %v", w, r.Completed, r.Settings)
+		}
+	}
+	for _, o := range []Options{
+		{Workload: "jobs", Database: "sqlite", Nodes: 2},
+		{Workload: "jobs", Database: database, Nodes: 2, Transport: "http"},
+		{Workload: "scale", Database: database, Nodes: 2},
+	} {
+		if _, err := Run(t.Context(), o, nil); err == nil || !strings.Contains(err.Error(), "--nodes") {
+			t.Errorf("%+v: %v", o, err)
+		}
 	}
 }

@@ -139,6 +139,9 @@ func result(name string, e *env, o Options) Result {
 	if e.api != nil {
 		e.settings["http_requests"] = e.requests.Load()
 	}
+	if e.nodeTasks != nil {
+		e.settings["node_tasks"] = e.nodeTasks()
+	}
 	return Result{Workload: name, Backend: e.backend, N: o.N, Settings: e.settings}
 }
 

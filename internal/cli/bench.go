@@ -76,6 +76,7 @@ engine's log goes to stderr from --log-level up.`,
 	f.IntVar(&o.Repeat, "repeat", 1, "run each workload this many times and report the median run (by units/s)")
 	f.Float64Var(&o.Rate, "rate", 0, "trigger the runs of chain10, fanout, sleep and sleep-rss at this many a second in all (default: as fast as they are taken)")
 	f.StringVar(&o.Transport, "transport", "embedded", "embedded (in-process calls) or http (the engine's API on loopback; workers and triggers through the Go client, as remote workers do)")
+	f.IntVar(&o.Nodes, "nodes", 1, "run this many engines on the one Postgres database, as separate servers (the triggers go to them in turn; each runs its share of --workers)")
 	f.StringVar(&logLevel, "log-level", "warn", "the engine's log on stderr from this level: debug, info, warn, error or off")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object per workload")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile (pprof) to this file")

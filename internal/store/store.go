@@ -393,6 +393,9 @@ type Committed struct {
 	HTTPDue  time.Time
 	TimerDue time.Time
 	Tasks    bool
+	// Types are the types of the tasks it made pending (with Tasks), each
+	// once.
+	Types []string
 	// Leased are the lease tokens of the tasks the write created already
 	// leased (handed to a worker in the same transaction).
 	Leased []string
@@ -401,6 +404,10 @@ type Committed struct {
 // Notifier is an optional capability: a store that can tell other nodes that
 // new work was queued (Postgres LISTEN/NOTIFY).
 type Notifier interface {
-	// Wakeups delivers a value when any node queued work; closed with ctx.
+	// Wakeups delivers a value when another node may have queued work of
+	// any kind, without saying which (everything is to be looked at
+	// again); closed with ctx. What another node's commits made ready,
+	// when its notification says, goes to the OnCommit function instead,
+	// as this node's own commits do, while Wakeups runs.
 	Wakeups(ctx context.Context) <-chan struct{}
 }

@@ -22,7 +22,8 @@ import (
 // node of its deployment sends no NOTIFY for its commits. When a second
 // node starts, its hello makes the first wake it at once (covering what
 // the first committed before it knew), the second answers with a wake-up
-// of its own, and from then on the first node's commits wake the second.
+// of its own (both wake-ups for everything), and from then on the first
+// node's commits tell the second what they made ready.
 // A third node starting while the two know each other is answered by
 // both, so it is not alone either. Once the first has heard nothing for
 // peerTTL it is alone again, and when its own hellos stop coming back
@@ -68,6 +69,13 @@ func TestLoneNodeNotifiesNoOne(t *testing.T) {
 	quietly(a, "a's commit, alone, counted as quiet")
 
 	b := openNode(t, dsn)
+	toldB := make(chan store.Committed, 10) // what a's commits told b
+	b.OnCommit(func(c store.Committed) {
+		select {
+		case toldB <- c:
+		default:
+		}
+	})
 	wakeB, stopB := listen(t, b)
 	got := waitFor(t, heard, b.node) // b's answer, the last of the exchange
 	want := []string{helloPrefix + b.node, a.node, b.node}
@@ -80,11 +88,15 @@ func TestLoneNodeNotifiesNoOne(t *testing.T) {
 		t.Fatal("a's wake-up did not wake b's runtime")
 	}
 	commit(a)
-	waitFor(t, heard, a.node)
+	waitFor(t, heard, a.node+"?")
 	select {
-	case <-wakeB:
+	case c := <-toldB:
+		// The run's expiry is its one timer.
+		if c.TimerDue.IsZero() || c.Tasks || !c.HTTPDue.IsZero() {
+			t.Fatalf("a's commit told b %+v, want its run's expiry as the timer due", c)
+		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("a's commit did not wake b once a knew of b")
+		t.Fatal("a's commit did not reach b once a knew of b")
 	}
 
 	// A third node, while a and b know each other: both answer its hello.
@@ -102,7 +114,7 @@ func TestLoneNodeNotifiesNoOne(t *testing.T) {
 	poll(t, "c to hear c's own hello", func() bool { return c.self.Load() >= 0 })
 	quiet := c.quiet.Load()
 	commit(c)
-	waitFor(t, heard, c.node)
+	waitFor(t, heard, c.node+"?")
 	if c.quiet.Load() != quiet {
 		t.Fatal("c's commit was not announced though a and b had answered its hello")
 	}
@@ -125,7 +137,7 @@ func TestLoneNodeNotifiesNoOne(t *testing.T) {
 	offset.Add(int64(selfTTL + time.Second))
 	quiet = a.quiet.Load()
 	commit(a)
-	waitFor(t, heard, a.node)
+	waitFor(t, heard, a.node+"?")
 	if a.quiet.Load() != quiet {
 		t.Fatal("a node whose own hellos stopped coming back counted a commit as quiet")
 	}
@@ -164,8 +176,9 @@ func listen(t *testing.T, s *Store) (<-chan struct{}, func()) {
 }
 
 // rawListener records the notifications of scope on Ferry's channel, each
-// as its node id, prefixed by helloPrefix for a hello; it is LISTENing
-// when it returns.
+// as its node id, prefixed by helloPrefix for a hello and followed by "?"
+// when it tells what its commits made ready (a wake-up for everything
+// does not); it is LISTENing when it returns.
 func rawListener(t *testing.T, dsn, scope string) <-chan string {
 	t.Helper()
 	conn, err := pgx.Connect(t.Context(), dsn)
@@ -192,6 +205,9 @@ func rawListener(t *testing.T, dsn, scope string) <-chan string {
 			}
 			if hello {
 				node = helloPrefix + node
+			}
+			if id, _, told := strings.Cut(node, "?"); told {
+				node = id + "?"
 			}
 			out <- node
 		}

@@ -63,6 +63,12 @@ type Store struct {
 	base        time.Time
 	now         func() time.Time // time.Now; tests move it
 	quiet       atomic.Int64     // commits not announced, the node being alone
+	// ready is what this node's commits made ready since its last
+	// NOTIFY, for the others (see publish); everything says the next
+	// NOTIFY wakes them for all of it (a wake-up answering a hello).
+	readyMu     sync.Mutex
+	ready       peerReady
+	everything  atomic.Bool
 	pub         chan struct{}
 	stop        chan struct{}
 	pubDone     sync.WaitGroup
@@ -183,6 +189,9 @@ func (s *Store) committed(c store.Committed) {
 	if fn := s.local.Load(); fn != nil {
 		(*fn)(c)
 	}
+	s.readyMu.Lock()
+	s.ready.add(c)
+	s.readyMu.Unlock()
 	select {
 	case s.pub <- struct{}{}:
 	default: // a notification is already pending: it covers this commit
@@ -194,19 +203,27 @@ func (s *Store) committed(c store.Committed) {
 // notification lock, and one per commit woke every node for each step.
 // Commits made while a NOTIFY is in flight share the next one.
 //
+// A NOTIFY says what its commits made ready (see peerReady): tasks, and
+// of which types; the earliest HTTP attempt and timer. Another node wakes
+// only what that concerns, as for its own commits. A wake-up that said
+// nothing woke all of a node's dispatcher, timer loop and waiting claims
+// to read the database, and with two busy nodes every commit sent one:
+// chain10 ran at half the rate of one node, Postgres committing twelve
+// times the transactions (twenty-eighth pass of docs/performance.md).
+//
 // A node alone notifies no one: a NOTIFY per commit was a statement, a
 // round trip and a wake-up of the node's own listener, for nothing, on the
 // one-server deployments most are (chain10 on Postgres +3–18 %). A node
 // knows it is not alone once it has heard another node of its scope:
 // every listening node says hello when its LISTEN starts and every
 // helloEvery after, and any notification counts. Every node that hears a
-// hello answers it with a wake-up, so a newcomer learns of the others at
-// once and whatever they committed before they heard it reaches it (a
-// woken node rechecks everything); a node that had been alone and hears
-// another sends a wake-up too, for what it committed meanwhile. A node
-// notifies every commit while its listener is down, when it never
-// listens, and when its own hellos stop coming back (a connection that
-// died without an error).
+// hello answers it with a wake-up for everything, so a newcomer learns of
+// the others at once and whatever they committed before they heard it
+// reaches it (a node woken so rechecks everything); a node that had been
+// alone and hears another sends such a wake-up too, for what it
+// committed meanwhile. A node notifies every commit while its listener is
+// down, when it never listens, and when its own hellos stop coming back
+// (a connection that died without an error).
 func (s *Store) publish() {
 	defer s.pubDone.Done()
 	tick := time.NewTicker(helloEvery)
@@ -222,9 +239,20 @@ func (s *Store) publish() {
 			}
 			payload = helloPrefix + payload
 		case <-s.pub:
+			s.readyMu.Lock()
+			ready := s.ready
+			s.ready = peerReady{}
+			s.readyMu.Unlock()
+			everything := s.everything.Swap(false)
 			if s.alone() {
 				s.quiet.Add(1)
 				continue
+			}
+			if !everything {
+				if ready.empty() {
+					continue // the last NOTIFY took this commit's
+				}
+				payload = s.node + "?" + ready.encode() + ":" + s.scope
 			}
 		}
 		s.notify(payload)
@@ -274,6 +302,7 @@ func (s *Store) heardPeer(hello bool) {
 	was := s.alone()
 	s.heard.Store(s.since())
 	if was || hello {
+		s.everything.Store(true)
 		select {
 		case s.pub <- struct{}{}:
 		default:
@@ -379,6 +408,9 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
 		if scope != s.scope {
 			continue // another deployment's
 		}
+		// What the commits made ready follows the id (nodes before that
+		// sent the id alone, and take this id for another node's).
+		node, info, told := strings.Cut(node, "?")
 		if node == s.node {
 			if hello {
 				s.self.Store(s.since()) // this listener hears
@@ -389,12 +421,33 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
 		if hello {
 			continue // a node saying it is there, not work
 		}
+		if told {
+			if ready, err := decodeReady(info); err == nil {
+				s.peerCommitted(ready)
+				continue
+			}
+		}
 		// Its tasks may be of types this node has not seen pending.
 		s.Store.PendingTypesChanged()
 		select {
 		case ch <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// peerCommitted wakes what another node's commits made ready, as this
+// node's own commits do.
+func (s *Store) peerCommitted(ready peerReady) {
+	if ready.tasks {
+		if ready.types == nil {
+			s.Store.PendingTypesChanged()
+		} else {
+			s.Store.PendingTypesAdded(ready.types)
+		}
+	}
+	if fn := s.local.Load(); fn != nil {
+		(*fn)(store.Committed{Tasks: ready.tasks, Types: ready.types, HTTPDue: ready.http, TimerDue: ready.timer})
 	}
 }
 

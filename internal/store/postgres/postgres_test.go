@@ -346,7 +346,7 @@ func migrated(t *testing.T, dsn string) *postgres.Store {
 
 // listeningNode is a node of a deployment in a fresh schema, listening for
 // wake-ups; other nodes of it open dsn.
-func listeningNode(t *testing.T) (dsn string, wake <-chan struct{}) {
+func listeningNode(t *testing.T) (dsn string, wake <-chan peerWake) {
 	t.Helper()
 	// A unique application_name identifies the LISTEN connection in
 	// pg_stat_activity.
@@ -355,18 +355,43 @@ func listeningNode(t *testing.T) (dsn string, wake <-chan struct{}) {
 	return dsn, listening(t, migrated(t, dsn), app)
 }
 
+// peerWake is how another node's notification reached a node: told to
+// its commit hook as what the commits made ready, or, with all, as a
+// wake-up of its Wakeups channel for everything.
+type peerWake struct {
+	c   store.Committed
+	all bool
+}
+
 // listening starts s's Wakeups and returns once its connection (named
 // app) has run LISTEN and said hello: NOTIFY reaches only sessions already
-// listening.
-func listening(t *testing.T, s *postgres.Store, app string) <-chan struct{} {
+// listening. The wake-ups it returns are the channel's and s's commit
+// hook's (the tests' listening nodes commit nothing themselves).
+func listening(t *testing.T, s *postgres.Store, app string) <-chan peerWake {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
+	out := make(chan peerWake, 100)
+	s.OnCommit(func(c store.Committed) {
+		select {
+		case out <- peerWake{c: c}:
+		default:
+		}
+	})
 	wake := s.Wakeups(ctx)
+	forwarded := make(chan struct{})
+	go func() {
+		defer close(forwarded)
+		for range wake {
+			select {
+			case out <- peerWake{all: true}:
+			default:
+			}
+		}
+	}()
 	t.Cleanup(func() {
 		cancel()
 		// The channel is closed once the listener has stopped.
-		for range wake {
-		}
+		<-forwarded
 	})
 	deadline := time.Now().Add(15 * time.Second)
 	tick := time.NewTicker(10 * time.Millisecond)
@@ -385,12 +410,15 @@ func listening(t *testing.T, s *postgres.Store, app string) <-chan struct{} {
 		}
 		<-tick.C
 	}
-	// Drop a wake-up some other test may have caused meanwhile.
-	select {
-	case <-wake:
-	default:
+	// Drop wake-ups some other test may have caused meanwhile.
+	for {
+		select {
+		case <-out:
+			continue
+		default:
+		}
+		return out
 	}
-	return wake
 }
 
 // enqueue commits a run with an HTTP attempt due now on s and returns
@@ -434,8 +462,9 @@ func TestWakeupsOnlyOwnSchema(t *testing.T) {
 	}
 }
 
-// TestWakeups checks that CreateRun with queue items on one node wakes
-// another node's listener, and tells the committing node's own hook.
+// TestWakeups checks that CreateRun with queue items on one node tells
+// another node's commit hook what it queued (its notification says), and
+// tells the committing node's own hook.
 func TestWakeups(t *testing.T) {
 	dsn, wake := listeningNode(t)
 
@@ -449,24 +478,32 @@ func TestWakeups(t *testing.T) {
 		}
 	})
 	now := enqueue(t, other)
+	check := func(who string, c store.Committed) {
+		t.Helper()
+		if !c.HTTPDue.Equal(now.Truncate(time.Microsecond)) && !c.HTTPDue.Equal(now) {
+			t.Errorf("%s: HTTPDue = %v, want %v", who, c.HTTPDue, now)
+		}
+		// The run's expiry is the only timer: an hour on (see enqueue).
+		if want := now.Add(time.Hour).Truncate(time.Microsecond); !c.TimerDue.Equal(want) && !c.TimerDue.Equal(now.Add(time.Hour)) {
+			t.Errorf("%s: TimerDue = %v, want the run's expiry %v", who, c.TimerDue, want)
+		}
+		if c.Tasks {
+			t.Errorf("%s: Tasks set for a commit that made no task pending", who)
+		}
+	}
 
 	select {
-	case _, ok := <-wake:
-		if !ok {
-			t.Fatal("Wakeups channel closed before delivering")
+	case w := <-wake:
+		if w.all {
+			t.Fatal("the other node was woken for everything, not told what the commit queued")
 		}
+		check("the other node's hook", w.c)
 	case <-time.After(10 * time.Second):
 		t.Fatal("no wake-up within 10s of CreateRun enqueueing an item")
 	}
 	select {
 	case c := <-local:
-		if !c.HTTPDue.Equal(now.Truncate(time.Microsecond)) && !c.HTTPDue.Equal(now) {
-			t.Errorf("local commit hook: HTTPDue = %v, want %v", c.HTTPDue, now)
-		}
-		// The run's expiry is the only timer: an hour on (see enqueue).
-		if want := now.Add(time.Hour).Truncate(time.Microsecond); !c.TimerDue.Equal(want) && !c.TimerDue.Equal(now.Add(time.Hour)) {
-			t.Errorf("local commit hook: TimerDue = %v, want the run's expiry %v", c.TimerDue, want)
-		}
+		check("the local commit hook", c)
 	default:
 		t.Error("the committing node's hook was not told of the queued item")
 	}
@@ -1229,7 +1266,10 @@ func TestPeerTasksOfNewTypes(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-wake:
+	case w := <-wake:
+		if w.all || !w.c.Tasks || !slices.Equal(w.c.Types, []string{"peer.new.v1"}) {
+			t.Fatalf("the other node's task told this node %+v, want tasks of peer.new.v1 claimable", w)
+		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("no wake-up within 10s of the other node's task")
 	}

@@ -144,7 +144,7 @@ func (s *Store) committed(cs *changeset) {
 		return
 	}
 	if n.c.Tasks {
-		s.ptypes.note(cs) // before the claims it wakes look
+		n.c.Types = s.ptypes.note(cs) // before the claims it wakes look
 	}
 	if fn := s.hook.Load(); fn != nil {
 		(*fn)(n.c)

@@ -42,23 +42,14 @@ type typeCache struct {
 	sorted []string         // types, sorted; nil when they changed
 }
 
-// note adds the types of the tasks a commit made pending.
-func (c *typeCache) note(cs *changeset) {
-	var typ string // one type is the usual case: skip its repeats
+// note adds the types of the tasks a commit made pending, and returns
+// them, each once.
+func (c *typeCache) note(cs *changeset) []string {
+	var types []string
 	add := func(t string) {
-		if t == typ {
-			return
+		if !slices.Contains(types, t) { // one type is the usual case
+			types = append(types, t)
 		}
-		typ = t
-		c.mu.Lock()
-		if _, ok := c.types[t]; !ok {
-			c.sorted = nil
-		}
-		if c.types == nil {
-			c.types = map[string]int64{}
-		}
-		c.types[t] = c.reads
-		c.mu.Unlock()
 	}
 	for _, t := range cs.newTasks {
 		if t.Status == status.TaskPending {
@@ -69,6 +60,24 @@ func (c *typeCache) note(cs *changeset) {
 		if t.task.Status == status.TaskPending {
 			add(t.task.Type)
 		}
+	}
+	c.add(types)
+	return types
+}
+
+// add notes types as having pending tasks: committed ones (notes follow
+// commits; see typeCache).
+func (c *typeCache) add(types []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.types == nil {
+		c.types = map[string]int64{}
+	}
+	for _, t := range types {
+		if _, ok := c.types[t]; !ok {
+			c.sorted = nil
+		}
+		c.types[t] = c.reads
 	}
 }
 
@@ -188,6 +197,11 @@ func withPrefix(sorted []string, prefix string) []string {
 }
 
 // PendingTypesChanged tells the store that tasks of types it may not know
-// of became pending elsewhere (another node's notification): the next
-// claim reads the pending tasks' types again.
+// of became pending elsewhere (another node's notification that does not
+// say which): the next claim reads the pending tasks' types again.
 func (s *Store) PendingTypesChanged() { s.ptypes.stale() }
+
+// PendingTypesAdded tells the store that tasks of these types became
+// pending elsewhere (another node's notification, sent after its commit):
+// claims walk them from now on without reading the types again.
+func (s *Store) PendingTypesAdded(types []string) { s.ptypes.add(types) }

@@ -1,0 +1,106 @@
+package postgres
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/store"
+	"github.com/ferryhq/ferry/internal/store/postgres/pgtest"
+)
+
+// TestPeerReadyRoundTrip: what a node's commits made ready survives the
+// notification's encoding: types of any characters (standalone tasks'
+// types are not checked against the workflow format), none new, too many
+// to carry (then nil: the other nodes read them), and the earliest HTTP
+// attempt and timer. The encoding has no ':' (the payload's separator).
+func TestPeerReadyRoundTrip(t *testing.T) {
+	at := time.Unix(1_700_000_000, 123_456_789)
+	var many peerReady
+	for i := range 200 {
+		many.add(store.Committed{Tasks: true, Types: []string{strings.Repeat("x", 30) + string(rune('a'+i%26)) + strings.Repeat("y", i)}})
+	}
+	var merged peerReady
+	merged.add(store.Committed{Tasks: true, Types: []string{"a.v1"}, TimerDue: at.Add(time.Second)})
+	merged.add(store.Committed{Tasks: true, Types: []string{"a.v1", "b.v1"}, HTTPDue: at, TimerDue: at})
+	merged.add(store.Committed{HTTPDue: at.Add(time.Hour)})
+	for name, c := range map[string]struct {
+		in   peerReady
+		want peerReady
+	}{
+		"odd types":    {peerReady{tasks: true, types: []string{"a:b", "c,d", "e&f=g", "h?i", "ü.v1", "%zz"}}, peerReady{tasks: true, types: []string{"a:b", "c,d", "e&f=g", "h?i", "ü.v1", "%zz"}}},
+		"none new":     {peerReady{tasks: true, types: []string{}}, peerReady{tasks: true, types: []string{}}},
+		"too many":     {many, peerReady{tasks: true}},
+		"merged":       {merged, peerReady{tasks: true, types: []string{"a.v1", "b.v1"}, http: at, timer: at}},
+		"timer only":   {peerReady{timer: at}, peerReady{timer: at}},
+		"tasks, types": {peerReady{tasks: true, types: []string{"a.v1"}, http: at}, peerReady{tasks: true, types: []string{"a.v1"}, http: at}},
+	} {
+		enc := c.in.encode()
+		if strings.Contains(enc, ":") {
+			t.Errorf("%s: %q has a ':'", name, enc)
+		}
+		if len(enc) > 7000 {
+			t.Errorf("%s: %d bytes, more than a notification carries", name, len(enc))
+		}
+		got, err := decodeReady(enc)
+		if err != nil {
+			t.Errorf("%s: decode %q: %v", name, enc, err)
+			continue
+		}
+		if got.tasks != c.want.tasks || (got.types == nil) != (c.want.types == nil) || !slices.Equal(got.types, c.want.types) || !got.http.Equal(c.want.http) || !got.timer.Equal(c.want.timer) {
+			t.Errorf("%s: %q decoded to %+v, want %+v", name, enc, got, c.want)
+		}
+	}
+	for _, bad := range []string{"", "x=1", "%zz", "w=soon", "h=1e3"} {
+		if r, err := decodeReady(bad); err == nil {
+			t.Errorf("decode %q = %+v, want an error", bad, r)
+		}
+	}
+}
+
+// TestPeerNotificationForms: a notification that says what another node's
+// commits made ready is told to the commit hook (the types noted), and one
+// that does not (a node of an earlier version, or a payload this node
+// cannot read) wakes everything through Wakeups.
+func TestPeerNotificationForms(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	s := openNode(t, dsn)
+	if err := s.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	told := make(chan store.Committed, 10)
+	s.OnCommit(func(c store.Committed) { told <- c })
+	wake, _ := listen(t, s)
+	poll(t, "the node's own hello back", func() bool { return s.self.Load() >= 0 })
+	for len(wake) > 0 {
+		<-wake
+	}
+	send := func(payload string) {
+		t.Helper()
+		s.notify(payload + ":" + s.scope)
+	}
+	send("PEER?t=1&y=peer.a.v1&y=peer.b.v1")
+	select {
+	case c := <-told:
+		if !c.Tasks || !slices.Equal(c.Types, []string{"peer.a.v1", "peer.b.v1"}) || !c.HTTPDue.IsZero() || !c.TimerDue.IsZero() {
+			t.Fatalf("told %+v, want tasks of peer.a.v1 and peer.b.v1", c)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a peer's commit was not told to the hook within 10s")
+	}
+	for _, p := range []string{"PEER", "PEER?%zz", "PEER?"} {
+		send(p)
+		select {
+		case <-wake:
+		case c := <-told:
+			t.Fatalf("%q: told %+v, want a wake-up for everything", p, c)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%q: no wake-up within 10s", p)
+		}
+	}
+	if got, err := s.ClaimTasks(context.Background(), store.ClaimTasks{Patterns: []string{"peer.%"}, WorkerID: "w", Lease: time.Minute, Max: 1, Now: time.Now()}); err != nil || len(got) != 0 {
+		t.Fatalf("claim of types noted from a peer, none pending: %d tasks, %v", len(got), err)
+	}
+}

@@ -203,17 +203,17 @@ func runMedian(ctx context.Context, name string, o Options) (Result, error) {
 // env is one fresh engine with its workers, or several on one database
 // (Options.Nodes).
 type env struct {
-	eng      *ferry.Engine // the first node: workflows are applied there
-	engs     []*ferry.Engine
-	turn     atomic.Uint64 // the node the next trigger goes to (see node)
+	eng  *ferry.Engine // the first node: workflows are applied there
+	engs []*ferry.Engine
+	turn atomic.Uint64 // the node the next trigger goes to (see node)
 	// nodeTasks, with several nodes, is how many tasks each node's
 	// workers have handled.
 	nodeTasks func() []int64
-	st       store.Store
-	backend  string
-	settings map[string]any
-	rate     float64 // see Options.Rate
-	stop     func()
+	st        store.Store
+	backend   string
+	settings  map[string]any
+	rate      float64 // see Options.Rate
+	stop      func()
 	// startWorkers starts the in-process worker pool.
 	startWorkers func()
 	// api is the Go client of the engine's HTTP API (transport http),

@@ -66,13 +66,13 @@ type Store struct {
 	// ready is what this node's commits made ready since its last
 	// NOTIFY, for the others (see publish); everything says the next
 	// NOTIFY wakes them for all of it (a wake-up answering a hello).
-	readyMu     sync.Mutex
-	ready       peerReady
-	everything  atomic.Bool
-	pub         chan struct{}
-	stop        chan struct{}
-	pubDone     sync.WaitGroup
-	closeOnce   sync.Once
+	readyMu    sync.Mutex
+	ready      peerReady
+	everything atomic.Bool
+	pub        chan struct{}
+	stop       chan struct{}
+	pubDone    sync.WaitGroup
+	closeOnce  sync.Once
 }
 
 // analyzeColumns are the columns the statistics refresh summarizes, by

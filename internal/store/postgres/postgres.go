@@ -1,9 +1,3 @@
-// Package postgres opens Ferry's Postgres store through pgx. Several Ferry
-// servers may share one database: runs are serialised with row locks, the
-// queue is claimed with FOR UPDATE SKIP LOCKED, and LISTEN/NOTIFY wakes other
-// nodes' dispatchers when work is queued.
-//
-// It imports internal/store and internal/store/sqlstore; nothing above them.
 package postgres
 
 import (

@@ -30,7 +30,9 @@ const typeCacheTTL = time.Second
 // it (notes follow commits), so the read sees the task if it is still
 // pending.
 type typeCache struct {
-	refresh sync.Mutex // one read at a time; the others wait for it
+	// slot is held by the one read at a time; the other claims wait for
+	// it, each no longer than its context (made at the first read).
+	slot chan struct{}
 
 	mu     sync.Mutex
 	types  map[string]int64 // type → the read under way when it was last noted or found
@@ -110,8 +112,10 @@ func (c *typeCache) arrival() int64 {
 // last read begun was arrived: it waits for the read under way, and uses
 // it, or reads.
 func (c *typeCache) refreshed(ctx context.Context, now time.Time, arrived int64, read func(context.Context) ([]string, error)) ([]string, error) {
-	c.refresh.Lock()
-	defer c.refresh.Unlock()
+	if err := c.takeSlot(ctx); err != nil {
+		return nil, err
+	}
+	defer c.releaseSlot()
 	if out, ok := c.get(now); ok {
 		return out, nil // read by the claim this one waited for
 	}
@@ -129,7 +133,7 @@ func (c *typeCache) refreshed(ctx context.Context, now time.Time, arrived int64,
 	c.mu.Lock()
 	c.reads++
 	n, stales := c.reads, c.stales
-	// Claims that come while this reads wait for it (on refresh): the
+	// Claims that come while this reads wait for it (on slot): the
 	// list they would get now may lack what made it stale.
 	c.fresh = false
 	c.mu.Unlock()
@@ -161,6 +165,25 @@ func (c *typeCache) refreshed(ctx context.Context, now time.Time, arrived int64,
 	c.readAt, c.sorted = now, nil
 	return c.list(), nil
 }
+
+// takeSlot waits for the read under way, if any, until ctx ends: a read
+// the database holds up must not hold claims past their deadline.
+func (c *typeCache) takeSlot(ctx context.Context) error {
+	c.mu.Lock()
+	if c.slot == nil {
+		c.slot = make(chan struct{}, 1)
+	}
+	slot := c.slot
+	c.mu.Unlock()
+	select {
+	case slot <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (c *typeCache) releaseSlot() { <-c.slot }
 
 // get is the types if they need no read at now: fresh, and read less
 // than typeCacheTTL from now either way (claims at the same time take

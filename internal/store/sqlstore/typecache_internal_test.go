@@ -235,3 +235,45 @@ func TestTypeCacheWaiterTakesAReadBegunAfterIt(t *testing.T) {
 		t.Errorf("a claim that came during the read: %d reads, %v; want a read of its own", r.calls, err)
 	}
 }
+
+// TestTypeCacheWaiterGivesUpWithItsContext: a claim waiting for a read
+// under way returns its context's error when the context ends, and the
+// read goes on to answer the claims after it.
+func TestTypeCacheWaiterGivesUpWithItsContext(t *testing.T) {
+	var c typeCache
+	t0 := time.Unix(1_700_000_000, 0)
+	inRead, release := make(chan struct{}), make(chan struct{})
+	first := &reader{types: []string{"a.v1"}, during: func() {
+		close(inRead)
+		<-release // held up, as by a database that does not answer
+	}}
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.current(context.Background(), t0, first.read)
+		done <- err
+	}()
+	<-inRead
+	ctx, cancel := context.WithCancel(t.Context())
+	waited := make(chan error, 1)
+	go func() {
+		_, err := c.current(ctx, t0, (&reader{types: []string{"b.v1"}}).read)
+		waited <- err
+	}()
+	cancel()
+	select {
+	case err := <-waited:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("a claim whose context ended while it waited for a read: %v, want context.Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		close(release)
+		t.Fatal("a claim still waited for the read 10s after its context ended")
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := current(t, &c, t0, &reader{types: []string{"c.v1"}}); !slices.Equal(got, []string{"a.v1"}) {
+		t.Errorf("after the read: %v, want its list", got)
+	}
+}

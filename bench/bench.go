@@ -138,6 +138,8 @@ func Run(ctx context.Context, o Options, out io.Writer) ([]Result, error) {
 			return nil, errors.New("--nodes: with --transport http the workers reach one node; use embedded")
 		case o.Workload == "scale":
 			return nil, errors.New("scale: --nodes does not apply (its claims are timed in process)")
+		case o.Workers > 0 && o.Workers < o.Nodes:
+			return nil, fmt.Errorf("--nodes %d: give each node a worker at least (--workers %d)", o.Nodes, o.Workers)
 		}
 	}
 	var results []Result
@@ -311,7 +313,11 @@ func start(ctx context.Context, o Options, handler worker.HandlerFunc) (*env, er
 	// `ferry server` processes are: its own connections, listener, timer
 	// loop, caches and workers. The first migrates the fresh schema.
 	for i := range nodes {
-		eng, err := ferry.Open(ctx, ferry.Config{Database: dsn, Migrate: i == 0, Concurrency: o.Concurrency, Logger: log.With("node", i), PublicURL: "http://127.0.0.1:0"})
+		nodeLog := log
+		if nodes > 1 {
+			nodeLog = log.With("node", i)
+		}
+		eng, err := ferry.Open(ctx, ferry.Config{Database: dsn, Migrate: i == 0, Concurrency: o.Concurrency, Logger: nodeLog, PublicURL: "http://127.0.0.1:0"})
 		if err != nil {
 			closeAll()
 			return nil, fmt.Errorf("node %d: %w", i, err)
@@ -336,9 +342,15 @@ func start(ctx context.Context, o Options, handler worker.HandlerFunc) (*env, er
 		"workers": o.Workers, "worker_prefetch": o.Workers, "engine_concurrency": o.Concurrency, "lease": "30s", "poll_wait": "1s", "trigger_clients": triggerClients,
 		"transport": cmp.Or(o.Transport, "embedded"),
 	}}
-	// The handlers are shared out among the nodes; each node's count of
-	// them is in settings.node_tasks.
-	perNode := (o.Workers + nodes - 1) / nodes
+	// The handlers are shared out among the nodes (settings.
+	// workers_per_node); each node's tasks handled are settings.node_tasks.
+	perNode := make([]int, nodes)
+	for i := range perNode {
+		perNode[i] = o.Workers / nodes
+		if i < o.Workers%nodes {
+			perNode[i]++
+		}
+	}
 	handled := make([]atomic.Int64, nodes)
 	var workers []*worker.Worker
 	for i := range nodes {
@@ -346,7 +358,7 @@ func start(ctx context.Context, o Options, handler worker.HandlerFunc) (*env, er
 			src = engs[i]
 		}
 		// No-op handlers finish a prefetched task long before its lease ends.
-		w := worker.New(src, worker.Config{Types: []string{"bench.%"}, Concurrency: perNode, Prefetch: perNode, Lease: 30 * time.Second, PollWait: time.Second, WorkerID: fmt.Sprintf("bench-%d", i), Logger: log})
+		w := worker.New(src, worker.Config{Types: []string{"bench.%"}, Concurrency: perNode[i], Prefetch: perNode[i], Lease: 30 * time.Second, PollWait: time.Second, WorkerID: fmt.Sprintf("bench-%d", i), Logger: log})
 		w.Handle("bench.noop.v1", func(ctx context.Context, t *worker.Task) (any, error) {
 			defer e.handled.Add(1)
 			defer handled[i].Add(1)

@@ -393,8 +393,9 @@ type Committed struct {
 	HTTPDue  time.Time
 	TimerDue time.Time
 	Tasks    bool
-	// Types are the types of the tasks it made pending (with Tasks), each
-	// once.
+	// Types are the types of the tasks this write itself made pending,
+	// each once; with Tasks, it may be empty (tasks a claim locked and
+	// left pending, a task type enabled again).
 	Types []string
 	// Leased are the lease tokens of the tasks the write created already
 	// leased (handed to a worker in the same transaction).

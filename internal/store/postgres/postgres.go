@@ -249,7 +249,11 @@ func (s *Store) publish() {
 				payload = s.node + "?" + ready.encode() + ":" + s.scope
 			}
 		}
-		s.notify(payload)
+		if !s.notify(payload) {
+			// What it carried is not lost: the next notification wakes
+			// the others for everything.
+			s.everything.Store(true)
+		}
 	}
 }
 
@@ -271,12 +275,15 @@ const (
 	helloSQL = "SELECT pg_notify($1, '" + helloPrefix + "' || $2)"
 )
 
-func (s *Store) notify(payload string) {
+// notify sends payload and reports whether it went out.
+func (s *Store) notify(payload string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := s.DB().ExecContext(ctx, "SELECT pg_notify($1, $2)", channel, payload); err != nil {
-		slog.Warn("postgres notify failed; other nodes wake at their next sweep", "err", err)
+		slog.Warn("postgres notify failed; other nodes wake at their next sweep or this node's next notification", "err", err)
+		return false
 	}
+	return true
 }
 
 // alone: this node listens, its own hellos come back, and it has heard no
@@ -415,7 +422,9 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
 		if hello {
 			continue // a node saying it is there, not work
 		}
-		if told {
+		// (Without a commit hook, what it says reaches no one: Wakeups
+		// wakes for everything instead.)
+		if told && s.local.Load() != nil {
 			if ready, err := decodeReady(info); err == nil {
 				s.peerCommitted(ready)
 				continue

@@ -22,8 +22,10 @@ type peerReady struct {
 	http, timer time.Time // zero when none
 }
 
-// maxReadyTypes bounds the bytes of type names a NOTIFY carries: its
-// payload must stay under Postgres's 8,000 bytes.
+// maxReadyTypes bounds the bytes the type names take in a NOTIFY's
+// payload, escaped, with their "y=" and "&": the payload (with the node's
+// id, the times and the schema's name, under 200 bytes) must stay under
+// Postgres's 8,000.
 const maxReadyTypes = 4000
 
 // add merges a commit into r.
@@ -36,7 +38,7 @@ func (r *peerReady) add(c store.Committed) {
 			if r.types == nil || slices.Contains(r.types, t) {
 				continue
 			}
-			if r.typesBytes += len(t); r.typesBytes > maxReadyTypes {
+			if r.typesBytes += len(url.QueryEscape(t)) + len("&y="); r.typesBytes > maxReadyTypes {
 				r.types = nil // too many: the others read them
 				continue
 			}

@@ -2,26 +2,31 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ferryhq/ferry/internal/status"
 	"github.com/ferryhq/ferry/internal/store"
 	"github.com/ferryhq/ferry/internal/store/postgres/pgtest"
 )
 
 // TestPeerReadyRoundTrip: what a node's commits made ready survives the
-// notification's encoding: types of any characters (standalone tasks'
-// types are not checked against the workflow format), none new, too many
-// to carry (then nil: the other nodes read them), and the earliest HTTP
-// attempt and timer. The encoding has no ':' (the payload's separator).
+// notification's encoding: types of any characters (task types are
+// checked before they are stored, but the encoding does not rely on it),
+// none new, as many as fit and too many to carry (then nil: the other
+// nodes read them), and the earliest HTTP attempt and timer. The encoding
+// has no ':' (the payload's separator) and fits a notification.
 func TestPeerReadyRoundTrip(t *testing.T) {
 	at := time.Unix(1_700_000_000, 123_456_789)
 	var many peerReady
 	for i := range 200 {
 		many.add(store.Committed{Tasks: true, Types: []string{strings.Repeat("x", 30) + string(rune('a'+i%26)) + strings.Repeat("y", i)}})
 	}
+	fullest, full := readyAtLimit()
 	var merged peerReady
 	merged.add(store.Committed{Tasks: true, Types: []string{"a.v1"}, TimerDue: at.Add(time.Second)})
 	merged.add(store.Committed{Tasks: true, Types: []string{"a.v1", "b.v1"}, HTTPDue: at, TimerDue: at})
@@ -30,18 +35,20 @@ func TestPeerReadyRoundTrip(t *testing.T) {
 		in   peerReady
 		want peerReady
 	}{
-		"odd types":    {peerReady{tasks: true, types: []string{"a:b", "c,d", "e&f=g", "h?i", "ü.v1", "%zz"}}, peerReady{tasks: true, types: []string{"a:b", "c,d", "e&f=g", "h?i", "ü.v1", "%zz"}}},
-		"none new":     {peerReady{tasks: true, types: []string{}}, peerReady{tasks: true, types: []string{}}},
-		"too many":     {many, peerReady{tasks: true}},
-		"merged":       {merged, peerReady{tasks: true, types: []string{"a.v1", "b.v1"}, http: at, timer: at}},
-		"timer only":   {peerReady{timer: at}, peerReady{timer: at}},
-		"tasks, types": {peerReady{tasks: true, types: []string{"a.v1"}, http: at}, peerReady{tasks: true, types: []string{"a.v1"}, http: at}},
+		"odd types":               {peerReady{tasks: true, types: []string{"a:b", "c,d", "e&f=g", "h?i", "ü.v1", "%zz"}}, peerReady{tasks: true, types: []string{"a:b", "c,d", "e&f=g", "h?i", "ü.v1", "%zz"}}},
+		"none new":                {peerReady{tasks: true, types: []string{}}, peerReady{tasks: true, types: []string{}}},
+		"too many":                {many, peerReady{tasks: true}},
+		"escaped, too many":       {full, peerReady{tasks: true}},
+		"escaped, as many as fit": {fullest, peerReady{tasks: true, types: fullest.types}},
+		"merged":                  {merged, peerReady{tasks: true, types: []string{"a.v1", "b.v1"}, http: at, timer: at}},
+		"timer only":              {peerReady{timer: at}, peerReady{timer: at}},
+		"tasks, types":            {peerReady{tasks: true, types: []string{"a.v1"}, http: at}, peerReady{tasks: true, types: []string{"a.v1"}, http: at}},
 	} {
 		enc := c.in.encode()
 		if strings.Contains(enc, ":") {
 			t.Errorf("%s: %q has a ':'", name, enc)
 		}
-		if len(enc) > 7000 {
+		if len("NODEID0123456789ABCDEFGHIJ?:")+len(enc)+63 >= 8000 {
 			t.Errorf("%s: %d bytes, more than a notification carries", name, len(enc))
 		}
 		got, err := decodeReady(enc)
@@ -57,6 +64,21 @@ func TestPeerReadyRoundTrip(t *testing.T) {
 		if r, err := decodeReady(bad); err == nil {
 			t.Errorf("decode %q = %+v, want an error", bad, r)
 		}
+	}
+}
+
+// readyAtLimit is the most types that escape to three times their length
+// a notification carries, and the same with one more (which carries none).
+func readyAtLimit() (fits, over peerReady) {
+	for i := 0; ; i++ {
+		typ := strings.Repeat("ü", 20) + strconv.Itoa(i)
+		next := fits
+		next.types = slices.Clone(fits.types)
+		next.add(store.Committed{Tasks: true, Types: []string{typ}})
+		if next.types == nil {
+			return fits, next
+		}
+		fits = next
 	}
 }
 
@@ -90,6 +112,16 @@ func TestPeerNotificationForms(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("a peer's commit was not told to the hook within 10s")
 	}
+	fits, _ := readyAtLimit()
+	send("PEER?" + fits.encode()) // through a real NOTIFY
+	select {
+	case c := <-told:
+		if !slices.Equal(c.Types, fits.types) {
+			t.Fatalf("told %d types, want the %d sent", len(c.Types), len(fits.types))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a notification of as many types as fit was not told to the hook within 10s")
+	}
 	for _, p := range []string{"PEER", "PEER?%zz", "PEER?"} {
 		send(p)
 		select {
@@ -103,4 +135,26 @@ func TestPeerNotificationForms(t *testing.T) {
 	if got, err := s.ClaimTasks(context.Background(), store.ClaimTasks{Patterns: []string{"peer.%"}, WorkerID: "w", Lease: time.Minute, Max: 1, Now: time.Now()}); err != nil || len(got) != 0 {
 		t.Fatalf("claim of types noted from a peer, none pending: %d tasks, %v", len(got), err)
 	}
+}
+
+// TestFailedNotificationWakesEverythingNext: when a NOTIFY fails (here, a
+// payload over Postgres's limit), what it carried is not lost: the node's
+// next notification wakes the others for everything.
+func TestFailedNotificationWakesEverythingNext(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	a := openNode(t, dsn) // never listens: it is not alone, and notifies
+	if err := a.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	heard := rawListener(t, dsn, a.scope)
+	a.readyMu.Lock()
+	a.ready = peerReady{tasks: true, types: []string{strings.Repeat("x", 9000)}}
+	a.readyMu.Unlock()
+	a.pub <- struct{}{}
+	poll(t, "the failed notification to be remembered", a.everything.Load)
+	now := time.Now()
+	if _, _, err := a.CreateTask(t.Context(), &store.Task{Type: "fail.next.v1", Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: now}, now); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, heard, a.node) // the id alone: a wake-up for everything
 }

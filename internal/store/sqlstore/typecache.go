@@ -12,9 +12,10 @@ import (
 
 // typeCacheTTL is how long a read of the pending tasks' types answers
 // claims. Tasks made pending through this store add their types at once
-// (typeCache.note); the read again is for those other nodes made
-// pending, whose notifications also mark it stale (see
-// Store.PendingTypesChanged), so it matters only where one goes missing.
+// (typeCache.note), and those other nodes made pending are added from
+// their notifications (Store.PendingTypesAdded), or mark the list stale
+// when a notification does not name them (Store.PendingTypesChanged): the
+// read again matters only where a notification goes missing.
 const typeCacheTTL = time.Second
 
 // typeCache holds the types of the tasks that may be pending, for claims

@@ -1,0 +1,68 @@
+package runtime_test
+
+import (
+	"crypto/rand"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/runtime"
+	"github.com/ferryhq/ferry/internal/store"
+	"github.com/ferryhq/ferry/internal/store/postgres"
+	"github.com/ferryhq/ferry/internal/store/postgres/pgtest"
+	"github.com/ferryhq/ferry/internal/testwait"
+)
+
+// TestPeerTaskWakesWaitingClaim: on Postgres, a task created through one
+// server reaches a claim waiting on another at once: the first server's
+// notification says tasks of that type became claimable, the second tells
+// its own commit hook, and the hook wakes its waiting claims. The waiting
+// server's clock is fake, so its claim wakes for nothing else.
+func TestPeerTaskWakesWaitingClaim(t *testing.T) {
+	app := "ferry_peer_claim_" + strings.ToLower(rand.Text())
+	dsn := pgtest.WithParam(t, pgtest.DSN(t), "application_name", app)
+	open := func() *postgres.Store {
+		t.Helper()
+		s, err := postgres.Open(t.Context(), dsn)
+		if err != nil {
+			t.Fatalf("postgres.Open: %v", err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	a := newEnv(t, open())
+	bs := open()
+	b := newEnv(t, bs)
+	startRuntime(t, b.rt)
+	// b's listener is up once its hello has gone out on it: a NOTIFY
+	// reaches only sessions already listening.
+	testwait.Until(t, 15*time.Second, "the second server's listener", func() bool {
+		var n int
+		if err := bs.DB().QueryRowContext(t.Context(), `SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'SELECT pg_notify($1, ''hello/''%' AND state = 'idle'`, app).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
+
+	const wait = 57 * time.Second // told apart from the loops' own timers
+	type result struct {
+		tasks []*store.Task
+		err   error
+	}
+	claimed := make(chan result, 1)
+	go func() {
+		got, err := b.rt.ClaimTasks(t.Context(), runtime.ClaimRequest{Types: []string{"peer.%"}, WorkerID: "w", Lease: time.Minute, Max: 1, Wait: wait})
+		claimed <- result{got, err}
+	}()
+	for d := b.clk.waitTimer(t); d != wait; d = b.clk.waitTimer(t) {
+	}
+	k := a.create(t, runtime.NewTask{Type: "peer.new.v1"})
+	select {
+	case r := <-claimed:
+		if r.err != nil || len(r.tasks) != 1 || r.tasks[0].ID != k.ID {
+			t.Fatalf("the waiting claim got %d tasks, %v; want the other server's task %s", len(r.tasks), r.err, k.ID)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a claim waiting on one server was not woken within 10s by a task created through another")
+	}
+}

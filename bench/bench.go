@@ -138,8 +138,6 @@ func Run(ctx context.Context, o Options, out io.Writer) ([]Result, error) {
 			return nil, errors.New("--nodes: with --transport http the workers reach one node; use embedded")
 		case o.Workload == "scale":
 			return nil, errors.New("scale: --nodes does not apply (its claims are timed in process)")
-		case o.Workers > 0 && o.Workers < o.Nodes:
-			return nil, fmt.Errorf("--nodes %d: give each node a worker at least (--workers %d)", o.Nodes, o.Workers)
 		}
 	}
 	var results []Result
@@ -298,6 +296,11 @@ func start(ctx context.Context, o Options, handler worker.HandlerFunc) (*env, er
 		log = slog.New(slog.DiscardHandler)
 	}
 	nodes := max(o.Nodes, 1)
+	if o.Workers < nodes {
+		// (Checked here, after the workload's default count.)
+		cleanup()
+		return nil, fmt.Errorf("--nodes %d: give each node a worker at least (--workers %d)", nodes, o.Workers)
+	}
 	rctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	var engs []*ferry.Engine

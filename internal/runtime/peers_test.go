@@ -1,6 +1,7 @@
 package runtime_test
 
 import (
+	"context"
 	"crypto/rand"
 	"strings"
 	"testing"
@@ -17,7 +18,9 @@ import (
 // server reaches a claim waiting on another at once: the first server's
 // notification says tasks of that type became claimable, the second tells
 // its own commit hook, and the hook wakes its waiting claims. The waiting
-// server's clock is fake, so its claim wakes for nothing else.
+// server's clock is fake, so its claim wakes for nothing else; and its
+// listener's wake-ups for everything (what Run would answer by waking every
+// claim) must not come, so only the told path can wake it.
 func TestPeerTaskWakesWaitingClaim(t *testing.T) {
 	app := "ferry_peer_claim_" + strings.ToLower(rand.Text())
 	dsn := pgtest.WithParam(t, pgtest.DSN(t), "application_name", app)
@@ -33,7 +36,13 @@ func TestPeerTaskWakesWaitingClaim(t *testing.T) {
 	a := newEnv(t, open())
 	bs := open()
 	b := newEnv(t, bs)
-	startRuntime(t, b.rt)
+	ctx, cancel := context.WithCancel(t.Context())
+	everything := bs.Wakeups(ctx) // b's listener, without Run
+	t.Cleanup(func() {
+		cancel()
+		for range everything {
+		}
+	})
 	// b's listener is up once its hello has gone out on it: a NOTIFY
 	// reaches only sessions already listening.
 	testwait.Until(t, 15*time.Second, "the second server's listener", func() bool {
@@ -44,7 +53,7 @@ func TestPeerTaskWakesWaitingClaim(t *testing.T) {
 		return n > 0
 	})
 
-	const wait = 57 * time.Second // told apart from the loops' own timers
+	const wait = 57 * time.Second
 	type result struct {
 		tasks []*store.Task
 		err   error
@@ -54,7 +63,15 @@ func TestPeerTaskWakesWaitingClaim(t *testing.T) {
 		got, err := b.rt.ClaimTasks(t.Context(), runtime.ClaimRequest{Types: []string{"peer.%"}, WorkerID: "w", Lease: time.Minute, Max: 1, Wait: wait})
 		claimed <- result{got, err}
 	}()
-	for d := b.clk.waitTimer(t); d != wait; d = b.clk.waitTimer(t) {
+	select {
+	case d := <-b.clk.timers: // the claim waits
+		if d != wait {
+			t.Fatalf("the claim waits %v, want %v", d, wait)
+		}
+	case r := <-claimed:
+		t.Fatalf("the claim returned before waiting: %d tasks, %v", len(r.tasks), r.err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the claim did not wait within 10s")
 	}
 	k := a.create(t, runtime.NewTask{Type: "peer.new.v1"})
 	select {
@@ -62,6 +79,8 @@ func TestPeerTaskWakesWaitingClaim(t *testing.T) {
 		if r.err != nil || len(r.tasks) != 1 || r.tasks[0].ID != k.ID {
 			t.Fatalf("the waiting claim got %d tasks, %v; want the other server's task %s", len(r.tasks), r.err, k.ID)
 		}
+	case <-everything:
+		t.Fatal("the other server's task woke this one for everything, not through what its notification said")
 	case <-time.After(10 * time.Second):
 		t.Fatal("a claim waiting on one server was not woken within 10s by a task created through another")
 	}

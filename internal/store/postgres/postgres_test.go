@@ -1242,7 +1242,7 @@ func explainPages(t *testing.T, s *postgres.Store, q sqlstore.PipeQuery) (rows, 
 // takes the task of a new type of it that another node created, at the
 // same moment, once that node's notification has reached it (a node
 // remembers the pending tasks' types for claims of a prefix; a peer's
-// notification makes it read them again).
+// notification names the types, and the node adds them without a read).
 func TestPeerTasksOfNewTypes(t *testing.T) {
 	app := "ferry_wakeups_" + strings.ToLower(rand.Text())
 	dsn := pgtest.WithParam(t, pgtest.DSN(t), "application_name", app)

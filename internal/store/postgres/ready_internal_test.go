@@ -83,7 +83,8 @@ func readyAtLimit() (fits, over peerReady) {
 }
 
 // TestPeerNotificationForms: a notification that says what another node's
-// commits made ready is told to the commit hook (the types noted), and one
+// commits made ready is told to the commit hook, types and all (that they
+// are noted is TestPeerTasksOfNewTypes's), and one
 // that does not (a node of an earlier version, or a payload this node
 // cannot read) wakes everything through Wakeups.
 func TestPeerNotificationForms(t *testing.T) {

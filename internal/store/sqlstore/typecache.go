@@ -113,10 +113,11 @@ func (c *typeCache) arrival() int64 {
 // last read begun was arrived: it waits for the read under way, and uses
 // it, or reads.
 func (c *typeCache) refreshed(ctx context.Context, now time.Time, arrived int64, read func(context.Context) ([]string, error)) ([]string, error) {
-	if err := c.takeSlot(ctx); err != nil {
+	slot, err := c.takeSlot(ctx)
+	if err != nil {
 		return nil, err
 	}
-	defer c.releaseSlot()
+	defer func() { <-slot }()
 	if out, ok := c.get(now); ok {
 		return out, nil // read by the claim this one waited for
 	}
@@ -167,9 +168,13 @@ func (c *typeCache) refreshed(ctx context.Context, now time.Time, arrived int64,
 	return c.list(), nil
 }
 
-// takeSlot waits for the read under way, if any, until ctx ends: a read
-// the database holds up must not hold claims past their deadline.
-func (c *typeCache) takeSlot(ctx context.Context) error {
+// takeSlot waits for the read under way, if any, until ctx ends (a read
+// the database holds up must not hold claims past their deadline), and
+// returns the slot to release.
+func (c *typeCache) takeSlot(ctx context.Context) (chan struct{}, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	c.mu.Lock()
 	if c.slot == nil {
 		c.slot = make(chan struct{}, 1)
@@ -178,13 +183,11 @@ func (c *typeCache) takeSlot(ctx context.Context) error {
 	c.mu.Unlock()
 	select {
 	case slot <- struct{}{}:
-		return nil
+		return slot, nil
 	case <-ctx.Done():
-		return ctx.Err()
+		return nil, ctx.Err()
 	}
 }
-
-func (c *typeCache) releaseSlot() { <-c.slot }
 
 // get is the types if they need no read at now: fresh, and read less
 // than typeCacheTTL from now either way (claims at the same time take

@@ -48,10 +48,13 @@ bench-peers:
 # Two builds side by side: ABBA runs of one workload (bench/ab), with the
 # medians, the pairs B won and the machine's CPU per unit. A is a ferry
 # binary built from the code to compare against; B defaults to this tree's.
-# ARGS are more ferry bench flags for both builds.
+# ARGS are more ferry bench flags for both builds, A_ARGS and B_ARGS for
+# one side only (A may then be this tree's build too).
 #   make bench-ab A=/tmp/ferry-before W=chain10 DB=postgres PAIRS=5
 #   make bench-ab A=/tmp/ferry-before W=jobs ARGS='--transport http'
+#   make bench-ab A=bin/ferry W=chain10 DB=postgres B_ARGS='--nodes 2'
 bench-ab:
 	$(GO) build -o bin/ferry ./cmd/ferry
 	$(GO) run ./bench/ab -a '$(A)' -b '$(or $(B),bin/ferry)' -workload '$(or $(W),jobs)' \
-		-database '$(if $(filter postgres,$(DB)),$(BENCH_PG),$(or $(DB),sqlite))' -pairs '$(or $(PAIRS),5)' -- $(ARGS)
+		-database '$(if $(filter postgres,$(DB)),$(BENCH_PG),$(or $(DB),sqlite))' -pairs '$(or $(PAIRS),5)' \
+		-a-args '$(A_ARGS)' -b-args '$(B_ARGS)' -- $(ARGS)

@@ -22,7 +22,11 @@ func main() {
 	flag.StringVar(&c.workload, "workload", "jobs", "the workload (ferry bench --workload)")
 	flag.StringVar(&c.database, "database", "sqlite", "sqlite or a postgres:// URL")
 	flag.IntVar(&c.pairs, "pairs", 5, "pairs of runs")
+	var aArgs, bArgs string
+	flag.StringVar(&aArgs, "a-args", "", "more ferry bench flags for A only, space-separated (e.g. '--nodes 1')")
+	flag.StringVar(&bArgs, "b-args", "", "more ferry bench flags for B only (e.g. '--nodes 2': A and B may then be one binary)")
 	flag.Parse()
+	c.aExtra, c.bExtra = strings.Fields(aArgs), strings.Fields(bArgs)
 	c.extra = flag.Args() // after --: more ferry bench flags, for both
 	if err := run(c, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "ab:", err)
@@ -33,7 +37,8 @@ func main() {
 type config struct {
 	a, b, workload, database string
 	pairs                    int
-	extra                    []string
+	extra                    []string // flags for both
+	aExtra, bExtra           []string // flags for A, for B
 }
 
 // result is one run of one build.
@@ -57,7 +62,7 @@ func run(c config, out io.Writer) error {
 	if c.workload == "all" || c.workload == "scale" {
 		return fmt.Errorf("-workload %s: compare one workload at a time", c.workload)
 	}
-	for _, a := range c.extra {
+	for _, a := range slices.Concat(c.extra, c.aExtra, c.bExtra) {
 		if a == "--repeat" || strings.HasPrefix(a, "--repeat=") || a == "-repeat" || strings.HasPrefix(a, "-repeat=") {
 			return errors.New("--repeat: the pairs are the repeats")
 		}
@@ -73,11 +78,11 @@ func run(c config, out io.Writer) error {
 		}
 		var ra, rb result
 		for _, isB := range order {
-			bin := c.a
+			bin, extra := c.a, c.aExtra
 			if isB {
-				bin = c.b
+				bin, extra = c.b, c.bExtra
 			}
-			r, err := once(c, bin)
+			r, err := once(c, bin, extra)
 			if err != nil {
 				return err
 			}
@@ -154,8 +159,8 @@ func median(v []float64) float64 {
 
 // once runs one ferry bench of bin and reads its last JSON line, with
 // the machine's busy CPU over the run.
-func once(c config, bin string) (result, error) {
-	args := append([]string{"bench", "--workload", c.workload, "--database", c.database, "--json"}, c.extra...)
+func once(c config, bin string, extra []string) (result, error) {
+	args := slices.Concat([]string{"bench", "--workload", c.workload, "--database", c.database, "--json"}, c.extra, extra)
 	before, cpuErr := busyTicks()
 	cmd := exec.Command(bin, args...)
 	var stdout, stderr bytes.Buffer

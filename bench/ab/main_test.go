@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -155,5 +156,35 @@ func TestPerUnit(t *testing.T) {
 	}
 	if got := perUnit(1000, 1250, 0); got != 0 {
 		t.Errorf("perUnit with nothing completed = %v, want 0", got)
+	}
+}
+
+// TestRunPerSideArgs: the flags for both go to both builds, then each
+// side's own; a --repeat among a side's flags is refused too.
+func TestRunPerSideArgs(t *testing.T) {
+	dir := t.TempDir()
+	log := filepath.Join(dir, "args")
+	p := filepath.Join(dir, "ferry")
+	script := "#!/bin/sh\necho \"$*\" >> " + log + "\n" +
+		`echo '{"workload":"chain10","completed":1000,"units_per_s":800,"peak_rss_mb":50,"handoff_ms":{"p50":1.5,"p95":3,"p99":6,"max":9}}'` + "\n"
+	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c := config{a: p, b: p, workload: "chain10", database: "sqlite", pairs: 1, extra: []string{"--workers", "8"}, aExtra: []string{"--nodes", "1"}, bExtra: []string{"--nodes", "2"}}
+	if err := run(c, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "bench --workload chain10 --database sqlite --json --workers 8 --nodes 1\n" +
+		"bench --workload chain10 --database sqlite --json --workers 8 --nodes 2\n"
+	if string(got) != want {
+		t.Errorf("the builds ran with\n%s\nwant\n%s", got, want)
+	}
+	c.bExtra = []string{"--repeat", "3"}
+	if err := run(c, io.Discard); err == nil || !strings.Contains(err.Error(), "--repeat") {
+		t.Errorf("--repeat for B: %v", err)
 	}
 }

@@ -82,7 +82,7 @@ type Runtime struct {
 	draining  chan struct{} // closed when the server stops: long-polls return
 
 	taskMu  sync.Mutex
-	taskSig chan struct{} // closed and replaced when tasks may have become claimable
+	taskSig *taskSignal // closed and replaced when tasks may have become claimable
 	// waiting are the claims long-polling on this node, to which writes
 	// hand the tasks they create (handoff.go).
 	waiting waiters
@@ -133,7 +133,7 @@ func New(cfg Config) *Runtime {
 		freed:    make(chan struct{}, 1),
 		sem:      make(chan struct{}, cfg.Concurrency),
 		inflt:    map[string]map[int64]context.CancelFunc{},
-		taskSig:  make(chan struct{}),
+		taskSig:  &taskSignal{ch: make(chan struct{})},
 		draining: make(chan struct{}),
 		closed:   make(chan struct{}),
 		bulk:     make(chan struct{}, batchLanes),
@@ -167,7 +167,7 @@ func New(cfg Config) *Runtime {
 func (r *Runtime) committed(c store.Committed) {
 	r.waiting.committed(c.Leased)
 	if c.Tasks {
-		r.tasksReady()
+		r.tasksReadyAt(c.TasksAt)
 	}
 	if !c.HTTPDue.IsZero() && c.HTTPDue.UnixNano() < r.planned.Load() {
 		r.Nudge()

@@ -38,15 +38,33 @@ const (
 	MaxClaimWait           = 60 * time.Second
 )
 
+// taskSignal is one wake-up of the waiting claims: ch is closed when it
+// happens, after at and next are set.
+type taskSignal struct {
+	ch chan struct{}
+	// at, when not zero, says the tasks become claimable only then (all
+	// scheduled ahead): a claim then waits until at, not reading now.
+	at time.Time
+	// next is the signal after this one, which such a claim waits on:
+	// not the current one, which may have passed a wake-up by.
+	next *taskSignal
+}
+
 // tasksReady wakes every waiting claim: tasks may have become claimable.
-func (r *Runtime) tasksReady() {
+func (r *Runtime) tasksReady() { r.tasksReadyAt(time.Time{}) }
+
+// tasksReadyAt wakes every waiting claim for tasks claimable from at (zero:
+// now, or not known).
+func (r *Runtime) tasksReadyAt(at time.Time) {
 	r.taskMu.Lock()
-	close(r.taskSig)
-	r.taskSig = make(chan struct{})
+	old := r.taskSig
+	r.taskSig = &taskSignal{ch: make(chan struct{})}
+	old.at, old.next = at, r.taskSig
+	close(old.ch)
 	r.taskMu.Unlock()
 }
 
-func (r *Runtime) taskSignal() <-chan struct{} {
+func (r *Runtime) taskSignal() *taskSignal {
 	r.taskMu.Lock()
 	defer r.taskMu.Unlock()
 	return r.taskSig
@@ -241,18 +259,35 @@ func (r *Runtime) ClaimTasks(ctx context.Context, req ClaimRequest) ([]*store.Ta
 				sleep = max(d, time.Millisecond)
 			}
 		}
-		t := r.clk.NewTimer(sleep)
+		wake := now.Add(sleep)
 		var stop error
-		select {
-		case <-ctx.Done():
-			stop = ctx.Err()
-		case <-r.draining:
-			stop = errDraining
-		case <-w.ready:
-		case <-sig:
-		case <-t.C():
+	waiting:
+		for {
+			t := r.clk.NewTimer(max(wake.Sub(r.clk.Now()), time.Millisecond))
+			select {
+			case <-ctx.Done():
+				stop = ctx.Err()
+			case <-r.draining:
+				stop = errDraining
+			case <-w.ready:
+			case <-sig.ch:
+				if at := sig.at; !at.IsZero() && at.After(r.clk.Now()) {
+					// Tasks scheduled ahead (a retry's backoff, a run_at)
+					// are claimable only from at: wait until then, without
+					// a read now. Every retry woke every waiting claim to
+					// read and find nothing.
+					t.Stop()
+					if at.Before(wake) {
+						wake = at
+					}
+					sig = sig.next
+					continue waiting
+				}
+			case <-t.C():
+			}
+			t.Stop()
+			break
 		}
-		t.Stop()
 		if got := r.waiting.leave(w); len(got) > 0 {
 			if stop != nil && stop != errDraining {
 				// Handed over as the caller went away.

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1226,5 +1227,78 @@ func TestCheckClaim(t *testing.T) {
 	req := runtime.ClaimRequest{Types: []string{"a.%"}}
 	if fe := runtime.CheckClaim(&req); fe != nil || req.Lease != 30*time.Second || req.Max != 1 || req.WorkerID != "anonymous" {
 		t.Errorf("CheckClaim defaults: %v %+v", fe, req)
+	}
+}
+
+// claimCounter is a store that counts claims.
+type claimCounter struct {
+	store.Store
+	claims atomic.Int64
+}
+
+func (c *claimCounter) ClaimOrNext(ctx context.Context, req store.ClaimTasks) (store.Claim, error) {
+	c.claims.Add(1)
+	return c.Store.ClaimOrNext(ctx, req)
+}
+
+// TestWaitingClaimSleepsThroughTasksScheduledAhead: a task created
+// scheduled ahead (as a retry's backoff makes one) does not make a
+// waiting claim read the database at once: the claim waits until the
+// task's run_at, then claims it. A task due at once still wakes it.
+func TestWaitingClaimSleepsThroughTasksScheduledAhead(t *testing.T) {
+	s, err := sqlite.Open(filepath.Join(t.TempDir(), "ferry.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	cs := &claimCounter{Store: s}
+	e := newEnv(t, cs)
+	const wait = 57 * time.Second
+	claimed := make(chan []*store.Task, 1)
+	claim := func() {
+		go func() {
+			got, err := e.rt.ClaimTasks(t.Context(), runtime.ClaimRequest{Types: []string{"later.%"}, WorkerID: "w", Lease: time.Minute, Max: 1, Wait: wait})
+			if err != nil {
+				t.Error(err)
+			}
+			claimed <- got
+		}()
+	}
+	claim()
+	if d := e.clk.waitTimer(t); d != wait {
+		t.Fatalf("the claim waits %v, want %v", d, wait)
+	}
+	reads := cs.claims.Load()
+	runAt := t0.Add(10 * time.Second)
+	k := e.create(t, runtime.NewTask{Type: "later.a.v1", RunAt: &runAt})
+	// The claim waits again, until the task's run_at, without a read.
+	if d := e.clk.waitTimer(t); d != 10*time.Second {
+		t.Fatalf("after a task 10s ahead the claim waits %v, want 10s", d)
+	}
+	if n := cs.claims.Load(); n != reads {
+		t.Errorf("a task scheduled ahead made the waiting claim read %d times", n-reads)
+	}
+	e.clk.Advance(10 * time.Second)
+	select {
+	case got := <-claimed:
+		if len(got) != 1 || got[0].ID != k.ID {
+			t.Fatalf("at its run_at the claim got %d tasks, want the task %s", len(got), k.ID)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the claim did not take the task within 10s of its run_at")
+	}
+
+	claim()
+	if d := e.clk.waitTimer(t); d != wait {
+		t.Fatalf("the second claim waits %v, want %v", d, wait)
+	}
+	k = e.create(t, runtime.NewTask{Type: "later.b.v1"})
+	select {
+	case got := <-claimed:
+		if len(got) != 1 || got[0].ID != k.ID {
+			t.Fatalf("a task due at once: the claim got %d tasks, want %s", len(got), k.ID)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a task due at once did not reach the waiting claim within 10s")
 	}
 }

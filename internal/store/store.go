@@ -393,6 +393,11 @@ type Committed struct {
 	HTTPDue  time.Time
 	TimerDue time.Time
 	Tasks    bool
+	// TasksAt, with Tasks, is when the first of those tasks becomes
+	// claimable if none is at the commit (all of them scheduled ahead: a
+	// retry's backoff, a task's run_at); zero when some may be claimable
+	// at once. A waiting claim need not look before it.
+	TasksAt time.Time
 	// Types are the types of the tasks this write itself made pending,
 	// each once; with Tasks, it may be empty (tasks a claim locked and
 	// left pending, a task type enabled again).

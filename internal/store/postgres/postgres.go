@@ -450,7 +450,11 @@ func (s *Store) peerCommitted(ready peerReady) {
 		}
 	}
 	if fn := s.local.Load(); fn != nil {
-		(*fn)(store.Committed{Tasks: ready.tasks, Types: ready.types, HTTPDue: ready.http, TimerDue: ready.timer})
+		c := store.Committed{Tasks: ready.tasks, Types: ready.types, HTTPDue: ready.http, TimerDue: ready.timer}
+		if ready.tasks && !ready.tasksNow {
+			c.TasksAt = ready.tasksAt
+		}
+		(*fn)(c)
 	}
 }
 

@@ -11,10 +11,14 @@ import (
 )
 
 // peerReady is what a node's commits made ready, as its NOTIFY tells the
-// other nodes: tasks (and their types), the earliest HTTP attempt and the
-// earliest timer.
+// other nodes: tasks (their types, and when they become claimable if all
+// are scheduled ahead), the earliest HTTP attempt and the earliest timer.
 type peerReady struct {
 	tasks bool
+	// tasksAt is when the first of the tasks becomes claimable, unless
+	// some may be at once (tasksNow; see store.Committed.TasksAt).
+	tasksAt  time.Time
+	tasksNow bool
 	// types are the tasks' types; nil with tasks when there were more
 	// than a notification carries (the other nodes then read them).
 	types       []string
@@ -33,6 +37,11 @@ func (r *peerReady) add(c store.Committed) {
 	if c.Tasks {
 		if !r.tasks {
 			r.tasks, r.types = true, []string{}
+		}
+		if c.TasksAt.IsZero() {
+			r.tasksNow = true
+		} else {
+			r.tasksAt = earliest(r.tasksAt, c.TasksAt)
 		}
 		for _, t := range c.Types {
 			if r.types == nil || slices.Contains(r.types, t) {
@@ -59,8 +68,9 @@ func earliest(a, b time.Time) time.Time {
 func (r peerReady) empty() bool { return !r.tasks && r.http.IsZero() && r.timer.IsZero() }
 
 // encode writes r as URL query parameters: t (tasks), y (each type; none
-// with t when they did not fit), h and w (the HTTP attempt's and the
-// timer's due time, Unix nanoseconds). Escaped, the payload has no ':'.
+// with t when they did not fit), a (when the tasks become claimable, if
+// none is at once), h and w (the HTTP attempt's and the timer's due time);
+// times in Unix nanoseconds. Escaped, the payload has no ':'.
 func (r peerReady) encode() string {
 	v := url.Values{}
 	if r.tasks {
@@ -71,6 +81,9 @@ func (r peerReady) encode() string {
 			v.Set("y", "") // none new (a claim's locked tasks left pending)
 		default:
 			v["y"] = r.types
+		}
+		if !r.tasksNow && !r.tasksAt.IsZero() {
+			v.Set("a", strconv.FormatInt(r.tasksAt.UnixNano(), 10))
 		}
 	}
 	if !r.http.IsZero() {
@@ -116,6 +129,10 @@ func decodeReady(s string) (peerReady, error) {
 	if r.timer, err = at("w"); err != nil {
 		return peerReady{}, err
 	}
+	if r.tasksAt, err = at("a"); err != nil {
+		return peerReady{}, err
+	}
+	r.tasksNow = r.tasks && r.tasksAt.IsZero()
 	if r.empty() {
 		return peerReady{}, errors.New("a notification of nothing")
 	}

@@ -27,6 +27,11 @@ func TestPeerReadyRoundTrip(t *testing.T) {
 		many.add(store.Committed{Tasks: true, Types: []string{strings.Repeat("x", 30) + string(rune('a'+i%26)) + strings.Repeat("y", i)}})
 	}
 	fullest, full := readyAtLimit()
+	var ahead, mixed peerReady
+	ahead.add(store.Committed{Tasks: true, Types: []string{"a.v1"}, TasksAt: at.Add(time.Hour)})
+	ahead.add(store.Committed{Tasks: true, Types: []string{"a.v1"}, TasksAt: at.Add(time.Minute)})
+	mixed.add(store.Committed{Tasks: true, Types: []string{"a.v1"}, TasksAt: at.Add(time.Hour)})
+	mixed.add(store.Committed{Tasks: true, Types: []string{"a.v1"}})
 	var merged peerReady
 	merged.add(store.Committed{Tasks: true, Types: []string{"a.v1"}, TimerDue: at.Add(time.Second)})
 	merged.add(store.Committed{Tasks: true, Types: []string{"a.v1", "b.v1"}, HTTPDue: at, TimerDue: at})
@@ -42,6 +47,8 @@ func TestPeerReadyRoundTrip(t *testing.T) {
 		"escaped, as many as fit": {fullest, peerReady{tasks: true, types: fullest.types}},
 		"merged":                  {merged, peerReady{tasks: true, types: []string{"a.v1", "b.v1"}, http: at, timer: at}},
 		"timer only":              {peerReady{timer: at}, peerReady{timer: at}},
+		"tasks ahead":             {ahead, peerReady{tasks: true, types: []string{"a.v1"}, tasksAt: at.Add(time.Minute)}},
+		"one at once":             {mixed, peerReady{tasks: true, types: []string{"a.v1"}, tasksNow: true}},
 		"tasks, types":            {peerReady{tasks: true, types: []string{"a.v1"}, http: at}, peerReady{tasks: true, types: []string{"a.v1"}, http: at}},
 	} {
 		enc := c.in.encode()
@@ -56,11 +63,11 @@ func TestPeerReadyRoundTrip(t *testing.T) {
 			t.Errorf("%s: decode %q: %v", name, enc, err)
 			continue
 		}
-		if got.tasks != c.want.tasks || (got.types == nil) != (c.want.types == nil) || !slices.Equal(got.types, c.want.types) || !got.http.Equal(c.want.http) || !got.timer.Equal(c.want.timer) {
+		if got.tasks != c.want.tasks || (got.types == nil) != (c.want.types == nil) || !slices.Equal(got.types, c.want.types) || !got.http.Equal(c.want.http) || !got.timer.Equal(c.want.timer) || !got.tasksAt.Equal(c.want.tasksAt) || got.tasksNow != (c.want.tasks && c.want.tasksAt.IsZero()) {
 			t.Errorf("%s: %q decoded to %+v, want %+v", name, enc, got, c.want)
 		}
 	}
-	for _, bad := range []string{"", "x=1", "%zz", "w=soon", "h=1e3"} {
+	for _, bad := range []string{"", "x=1", "%zz", "w=soon", "h=1e3", "t=1&a=later"} {
 		if r, err := decodeReady(bad); err == nil {
 			t.Errorf("decode %q = %+v, want an error", bad, r)
 		}
@@ -107,11 +114,20 @@ func TestPeerNotificationForms(t *testing.T) {
 	send("PEER?t=1&y=peer.a.v1&y=peer.b.v1")
 	select {
 	case c := <-told:
-		if !c.Tasks || !slices.Equal(c.Types, []string{"peer.a.v1", "peer.b.v1"}) || !c.HTTPDue.IsZero() || !c.TimerDue.IsZero() {
-			t.Fatalf("told %+v, want tasks of peer.a.v1 and peer.b.v1", c)
+		if !c.Tasks || !slices.Equal(c.Types, []string{"peer.a.v1", "peer.b.v1"}) || !c.HTTPDue.IsZero() || !c.TimerDue.IsZero() || !c.TasksAt.IsZero() {
+			t.Fatalf("told %+v, want tasks of peer.a.v1 and peer.b.v1, claimable at once", c)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("a peer's commit was not told to the hook within 10s")
+	}
+	send("PEER?t=1&y=peer.a.v1&a=1700000000000000000")
+	select {
+	case c := <-told:
+		if !c.Tasks || !c.TasksAt.Equal(time.Unix(1_700_000_000, 0)) {
+			t.Fatalf("told %+v, want tasks claimable from %v", c, time.Unix(1_700_000_000, 0))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a peer's commit of tasks ahead was not told to the hook within 10s")
 	}
 	fits, _ := readyAtLimit()
 	send("PEER?" + fits.encode()) // through a real NOTIFY

@@ -105,7 +105,28 @@ type Store struct {
 func (s *Store) OnCommit(fn func(store.Committed)) { s.hook.Store(&fn) }
 
 // note collects, inside a write, what its commit will make ready.
-type note struct{ c store.Committed }
+type note struct {
+	c store.Committed
+	// now says some task the commit made pending may be claimable at
+	// once; later is the earliest run_at of those that are not yet (see
+	// Committed.TasksAt).
+	now   bool
+	later time.Time
+}
+
+// pending notes a task made pending, claimable from runAt, by a write at
+// now.
+func (n *note) pending(runAt, now time.Time) {
+	n.c.Tasks = true
+	if !runAt.After(now) {
+		n.now = true
+	} else if n.later.IsZero() || runAt.Before(n.later) {
+		n.later = runAt
+	}
+}
+
+// claimable notes tasks that may be claimable at once.
+func (n *note) claimable() { n.c.Tasks, n.now = true, true }
 
 func (n *note) queued(kind string, due time.Time) {
 	at := &n.c.HTTPDue
@@ -126,6 +147,11 @@ func (n *note) merge(o note) {
 		n.queued(store.KindWake, o.c.TimerDue)
 	}
 	n.c.Tasks = n.c.Tasks || o.c.Tasks
+	// (Tasks noted some other way may be claimable at once.)
+	n.now = n.now || o.now || (o.c.Tasks && o.later.IsZero())
+	if !o.later.IsZero() && (n.later.IsZero() || o.later.Before(n.later)) {
+		n.later = o.later
+	}
 	n.c.Leased = append(n.c.Leased, o.c.Leased...)
 }
 
@@ -145,6 +171,9 @@ func (s *Store) committed(cs *changeset) {
 	}
 	if n.c.Tasks {
 		n.c.Types = s.ptypes.note(cs) // before the claims it wakes look
+		if !n.now && !n.later.IsZero() {
+			n.c.TasksAt = n.later
+		}
 	}
 	if fn := s.hook.Load(); fn != nil {
 		(*fn)(n.c)

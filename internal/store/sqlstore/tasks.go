@@ -56,7 +56,7 @@ func prepareTask(t *store.Task, now time.Time, n *note) {
 		t.Status = status.TaskPending
 	}
 	if t.Status == status.TaskPending {
-		n.c.Tasks = true
+		n.pending(t.RunAt, now)
 	}
 }
 
@@ -545,7 +545,7 @@ func (s *Store) lease(ctx context.Context, cs *changeset, cands []lockedTask, re
 		// The rest were locked until this commits, so a claim at the same
 		// time skipped them and may be waiting while they are claimable:
 		// wake it.
-		cs.note.c.Tasks = true
+		cs.note.claimable()
 	}
 	return out
 }
@@ -975,7 +975,7 @@ func (t *taskTx) UpdateTask(k *store.Task) error {
 	t.task = k
 	t.cs.task(t)
 	if k.Status == status.TaskPending {
-		t.cs.note.c.Tasks = true // retried or released: claimable again
+		t.cs.note.pending(k.RunAt, t.now) // retried or released
 	}
 	return nil
 }

@@ -52,6 +52,7 @@ var taskTests = []test{
 	{"CancelTasksOnlyThatRun", testCancelTasks},
 	{"CancelTasksManyIDs", testCancelTasksManyIDs},
 	{"CreatedLeasedThenCancelledNotReported", testCreatedLeasedThenCancelled},
+	{"CommittedTasksAtWhenAllScheduledAhead", testCommittedTasksAt},
 	{"TaskTypes", testTaskTypes},
 }
 
@@ -1804,4 +1805,70 @@ func testConcurrentReportsOfOneRun(t *testing.T, s store.Store) {
 		want[i] = int64(i + 1)
 	}
 	diff(t, "run event seqs", want, seqs(evs))
+}
+
+// testCommittedTasksAt: a commit whose tasks made pending are all
+// scheduled ahead tells when the first becomes claimable (waiting claims
+// need not look before); one with any task claimable at once tells zero.
+// A retry's backoff counts as scheduled ahead.
+func testCommittedTasksAt(t *testing.T, s store.Store) {
+	var mu sync.Mutex
+	var got []store.Committed
+	s.OnCommit(func(c store.Committed) {
+		mu.Lock()
+		got = append(got, c)
+		mu.Unlock()
+	})
+	last := func(what string) store.Committed {
+		t.Helper()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(got) == 0 || !got[len(got)-1].Tasks {
+			t.Fatalf("%s: commits %+v, want the last saying tasks became pending", what, got)
+		}
+		c := got[len(got)-1]
+		got = nil
+		return c
+	}
+	mkTask(t, s, newTask("at.a.v1", at(time.Hour)), t0)
+	if c := last("a task an hour ahead"); !c.TasksAt.Equal(at(time.Hour)) {
+		t.Errorf("a task an hour ahead: TasksAt %v, want %v", c.TasksAt, at(time.Hour))
+	}
+	mkTask(t, s, newTask("at.a.v1", t0), t0)
+	if c := last("a task due now"); !c.TasksAt.IsZero() {
+		t.Errorf("a task due at once: TasksAt %v, want zero", c.TasksAt)
+	}
+	wf := mkWorkflow(t, s, "wf")
+	r1, r2 := mkSimpleRun(t, s, wf), mkSimpleRun(t, s, wf)
+	inRun(t, s, r1.ID, t0, func(tx store.RunTx) error {
+		if err := tx.CreateTask(&store.Task{Type: "at.b.v1", Payload: json.RawMessage(`{}`), Priority: 100, RunAt: at(2 * time.Hour), Step: "a"}); err != nil {
+			return err
+		}
+		return tx.CreateTask(&store.Task{Type: "at.b.v1", Payload: json.RawMessage(`{}`), Priority: 100, RunAt: at(time.Minute), Step: "b"})
+	})
+	if c := last("two tasks ahead"); !c.TasksAt.Equal(at(time.Minute)) {
+		t.Errorf("two tasks ahead in one commit: TasksAt %v, want the earlier %v", c.TasksAt, at(time.Minute))
+	}
+	inRun(t, s, r2.ID, t0, func(tx store.RunTx) error {
+		if err := tx.CreateTask(&store.Task{Type: "at.b.v1", Payload: json.RawMessage(`{}`), Priority: 100, RunAt: at(time.Hour), Step: "a"}); err != nil {
+			return err
+		}
+		return tx.CreateTask(&store.Task{Type: "at.b.v1", Payload: json.RawMessage(`{}`), Priority: 100, RunAt: t0, Step: "b"})
+	})
+	if c := last("one due, one ahead"); !c.TasksAt.IsZero() {
+		t.Errorf("one task due and one ahead: TasksAt %v, want zero", c.TasksAt)
+	}
+	k := claimTasks(t, s, []string{"at.a.v1"}, "w", t0, time.Minute, 1)
+	if len(k) != 1 {
+		t.Fatalf("claimed %d tasks, want 1", len(k))
+	}
+	mu.Lock()
+	got = nil
+	mu.Unlock()
+	setTask(t, s, k[0].ID, at(time.Second), func(k *store.Task) {
+		k.Status, k.LeaseToken, k.LeaseUntil, k.LeasedBy, k.RunAt = status.TaskPending, "", nil, "", at(10*time.Minute)
+	})
+	if c := last("a retry backing off"); !c.TasksAt.Equal(at(10 * time.Minute)) {
+		t.Errorf("a retry backing off: TasksAt %v, want %v", c.TasksAt, at(10*time.Minute))
+	}
 }

@@ -167,7 +167,7 @@ func New(cfg Config) *Runtime {
 func (r *Runtime) committed(c store.Committed) {
 	r.waiting.committed(c.Leased)
 	if c.Tasks {
-		r.tasksReadyAt(c.TasksAt)
+		r.tasksReadyAt(c.TasksAt, c.Types)
 	}
 	if !c.HTTPDue.IsZero() && c.HTTPDue.UnixNano() < r.planned.Load() {
 		r.Nudge()

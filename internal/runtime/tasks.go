@@ -43,23 +43,34 @@ const (
 type taskSignal struct {
 	ch chan struct{}
 	// at, when not zero, says the tasks become claimable only then (all
-	// scheduled ahead): a claim then waits until at, not reading now.
-	at time.Time
+	// scheduled ahead): a claim then waits until at, not reading now, if
+	// they may be of its types (types; nil: any).
+	at    time.Time
+	types []string
 	// next is the signal after this one, which such a claim waits on:
 	// not the current one, which may have passed a wake-up by.
 	next *taskSignal
 }
 
-// tasksReady wakes every waiting claim: tasks may have become claimable.
-func (r *Runtime) tasksReady() { r.tasksReadyAt(time.Time{}) }
+// matchesAny tells whether a claim of patterns may take a task of one of
+// types (none given: any).
+func matchesAny(patterns, types []string) bool {
+	if len(types) == 0 {
+		return true
+	}
+	return slices.ContainsFunc(types, func(t string) bool { return matchesType(patterns, t) })
+}
 
-// tasksReadyAt wakes every waiting claim for tasks claimable from at (zero:
-// now, or not known).
-func (r *Runtime) tasksReadyAt(at time.Time) {
+// tasksReady wakes every waiting claim: tasks may have become claimable.
+func (r *Runtime) tasksReady() { r.tasksReadyAt(time.Time{}, nil) }
+
+// tasksReadyAt wakes every waiting claim for tasks of types (nil: any)
+// claimable from at (zero: now, or not known).
+func (r *Runtime) tasksReadyAt(at time.Time, types []string) {
 	r.taskMu.Lock()
 	old := r.taskSig
 	r.taskSig = &taskSignal{ch: make(chan struct{})}
-	old.at, old.next = at, r.taskSig
+	old.at, old.types, old.next = at, types, r.taskSig
 	close(old.ch)
 	r.taskMu.Unlock()
 }
@@ -260,10 +271,10 @@ func (r *Runtime) ClaimTasks(ctx context.Context, req ClaimRequest) ([]*store.Ta
 			}
 		}
 		wake := now.Add(sleep)
+		t := r.clk.NewTimer(sleep)
 		var stop error
 	waiting:
 		for {
-			t := r.clk.NewTimer(max(wake.Sub(r.clk.Now()), time.Millisecond))
 			select {
 			case <-ctx.Done():
 				stop = ctx.Err()
@@ -273,21 +284,25 @@ func (r *Runtime) ClaimTasks(ctx context.Context, req ClaimRequest) ([]*store.Ta
 			case <-sig.ch:
 				if at := sig.at; !at.IsZero() && at.After(r.clk.Now()) {
 					// Tasks scheduled ahead (a retry's backoff, a run_at)
-					// are claimable only from at: wait until then, without
-					// a read now. Every retry woke every waiting claim to
-					// read and find nothing.
-					t.Stop()
-					if at.Before(wake) {
+					// are claimable only from at: wait until then, if they
+					// may be of this claim's types, without a read now.
+					// Every retry woke every waiting claim to read and
+					// find nothing. The timer is replaced only for an
+					// earlier moment: a stream of such commits must not
+					// keep putting it off.
+					if at.Before(wake) && matchesAny(req.Types, sig.types) {
 						wake = at
+						t.Stop()
+						t = r.clk.NewTimer(at.Sub(r.clk.Now()))
 					}
 					sig = sig.next
 					continue waiting
 				}
 			case <-t.C():
 			}
-			t.Stop()
 			break
 		}
+		t.Stop()
 		if got := r.waiting.leave(w); len(got) > 0 {
 			if stop != nil && stop != errDraining {
 				// Handed over as the caller went away.

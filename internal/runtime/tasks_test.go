@@ -1302,3 +1302,82 @@ func TestWaitingClaimSleepsThroughTasksScheduledAhead(t *testing.T) {
 		t.Fatal("a task due at once did not reach the waiting claim within 10s")
 	}
 }
+
+// TestWaitingClaimIgnoresOtherTypesAhead: a task scheduled ahead of a type
+// the claim does not take leaves its wait as it is (no new timer), and a
+// task due at once that follows it still wakes the claim: the claim moved
+// on to the wake-up after the one it passed by.
+func TestWaitingClaimIgnoresOtherTypesAhead(t *testing.T) {
+	s, err := sqlite.Open(filepath.Join(t.TempDir(), "ferry.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	e := newEnv(t, s)
+	const wait = 57 * time.Second
+	claimed := make(chan []*store.Task, 1)
+	go func() {
+		got, err := e.rt.ClaimTasks(t.Context(), runtime.ClaimRequest{Types: []string{"mine.%"}, WorkerID: "w", Lease: time.Minute, Max: 1, Wait: wait})
+		if err != nil {
+			t.Error(err)
+		}
+		claimed <- got
+	}()
+	if d := e.clk.waitTimer(t); d != wait {
+		t.Fatalf("the claim waits %v, want %v", d, wait)
+	}
+	runAt := t0.Add(10 * time.Second)
+	e.create(t, runtime.NewTask{Type: "theirs.a.v1", RunAt: &runAt})
+	k := e.create(t, runtime.NewTask{Type: "mine.a.v1"})
+	select {
+	case got := <-claimed:
+		if len(got) != 1 || got[0].ID != k.ID {
+			t.Fatalf("the claim got %d tasks, want %s", len(got), k.ID)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a task due at once after one of another type ahead did not reach the waiting claim within 10s")
+	}
+	select {
+	case d := <-e.clk.timers:
+		t.Errorf("the claim set a timer of %v for a task of a type it does not take", d)
+	default:
+	}
+}
+
+// TestWaitingClaimTimerNotPutOff: a commit of tasks scheduled ahead, just
+// before a waiting claim's timer is due, leaves that timer as it is: the
+// claim takes the task that came due at its time. (A timer set again at
+// each such commit was put off by a stream of them.)
+func TestWaitingClaimTimerNotPutOff(t *testing.T) {
+	s, err := sqlite.Open(filepath.Join(t.TempDir(), "ferry.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	e := newEnv(t, s)
+	soon := t0.Add(5 * time.Second)
+	k := e.create(t, runtime.NewTask{Type: "due.a.v1", RunAt: &soon})
+	claimed := make(chan []*store.Task, 1)
+	go func() {
+		got, err := e.rt.ClaimTasks(t.Context(), runtime.ClaimRequest{Types: []string{"due.%"}, WorkerID: "w", Lease: time.Minute, Max: 1, Wait: 57 * time.Second})
+		if err != nil {
+			t.Error(err)
+		}
+		claimed <- got
+	}()
+	if d := e.clk.waitTimer(t); d != 5*time.Second {
+		t.Fatalf("the claim waits %v, want 5s (its task's run_at)", d)
+	}
+	e.clk.Advance(5*time.Second - 500*time.Microsecond)
+	later := t0.Add(time.Hour)
+	e.create(t, runtime.NewTask{Type: "due.b.v1", RunAt: &later})
+	e.clk.Advance(500 * time.Microsecond)
+	select {
+	case got := <-claimed:
+		if len(got) != 1 || got[0].ID != k.ID {
+			t.Fatalf("the claim got %d tasks, want %s", len(got), k.ID)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the claim did not take the task due at its timer within 10s: a commit of a task ahead put the timer off")
+	}
+}

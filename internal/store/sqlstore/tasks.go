@@ -781,6 +781,11 @@ func (s *Store) InTasks(ctx context.Context, ids []string, known map[string]stri
 			errs[i] = cs.apply(rt, perRun[runOf[ids[i]]] > 1, func(sub *changeset) error {
 				return fn(i, &taskTx{s: s, ctx: ctx, cs: sub, task: t.task, run: rt, now: now, seq: t.seq})
 			})
+			if errs[i] != nil && t.task.Status == status.TaskPending && !t.task.RunAt.After(now) {
+				// Locked until this commits, a claim at the same time
+				// skipped it: wake waiting claims (see lease).
+				cs.note.claimable()
+			}
 		}
 		return !slices.ContainsFunc(todo, func(i int) bool { return errs[i] != nil })
 	}

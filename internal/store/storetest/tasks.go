@@ -53,6 +53,7 @@ var taskTests = []test{
 	{"CancelTasksManyIDs", testCancelTasksManyIDs},
 	{"CreatedLeasedThenCancelledNotReported", testCreatedLeasedThenCancelled},
 	{"CommittedTasksAtWhenAllScheduledAhead", testCommittedTasksAt},
+	{"FailedReportOnDueTaskWakesClaims", testFailedReportOnDueTask},
 	{"TaskTypes", testTaskTypes},
 }
 
@@ -1870,5 +1871,44 @@ func testCommittedTasksAt(t *testing.T, s store.Store) {
 	})
 	if c := last("a retry backing off"); !c.TasksAt.Equal(at(10 * time.Minute)) {
 		t.Errorf("a retry backing off: TasksAt %v, want %v", c.TasksAt, at(10*time.Minute))
+	}
+}
+
+// testFailedReportOnDueTask: a batch of reports in which one fails on a
+// task that is pending and due (a stale report; the batch locked the task
+// until it committed, so a claim at that moment skipped it) says tasks
+// may be claimable at once, even when the rest of the batch only retried
+// a task with a backoff.
+func testFailedReportOnDueTask(t *testing.T, s store.Store) {
+	due := mkTask(t, s, newTask("stale.a.v1", t0), t0)
+	mkTask(t, s, newTask("stale.b.v1", t0), t0)
+	leased := claimTasks(t, s, []string{"stale.b.v1"}, "w", t0, time.Minute, 1)
+	if len(leased) != 1 {
+		t.Fatalf("claimed %d tasks, want 1", len(leased))
+	}
+	var mu sync.Mutex
+	var got []store.Committed
+	s.OnCommit(func(c store.Committed) {
+		mu.Lock()
+		got = append(got, c)
+		mu.Unlock()
+	})
+	now := at(time.Second)
+	errs, err := s.InTasks(t.Context(), []string{due.ID, leased[0].ID}, nil, now, func(i int, tx store.TaskTx) error {
+		k := *tx.Task()
+		if k.ID == due.ID {
+			return errors.New("stale report: the task is not leased")
+		}
+		k.Status, k.LeaseToken, k.LeaseUntil, k.LeasedBy, k.RunAt = status.TaskPending, "", nil, "", at(10*time.Minute)
+		return tx.UpdateTask(&k)
+	})
+	must(t, err, "InTasks")
+	if errs[0] == nil || errs[1] != nil {
+		t.Fatalf("errs = %v, want the first report failed and the second applied", errs)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 1 || !got[0].Tasks || !got[0].TasksAt.IsZero() {
+		t.Errorf("commits %+v, want one saying tasks may be claimable at once", got)
 	}
 }

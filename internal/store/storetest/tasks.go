@@ -1812,7 +1812,9 @@ func testConcurrentReportsOfOneRun(t *testing.T, s store.Store) {
 // scheduled ahead tells when the first becomes claimable (waiting claims
 // need not look before); one with any task claimable at once tells zero.
 // A retry's backoff counts as scheduled ahead.
-func testCommittedTasksAt(t *testing.T, s store.Store) {
+// recordCommits registers a commit hook on s and returns what takes the
+// commits told since the last take.
+func recordCommits(s store.Store) func() []store.Committed {
 	var mu sync.Mutex
 	var got []store.Committed
 	s.OnCommit(func(c store.Committed) {
@@ -1820,16 +1822,24 @@ func testCommittedTasksAt(t *testing.T, s store.Store) {
 		got = append(got, c)
 		mu.Unlock()
 	})
-	last := func(what string) store.Committed {
-		t.Helper()
+	return func() []store.Committed {
 		mu.Lock()
 		defer mu.Unlock()
+		out := got
+		got = nil
+		return out
+	}
+}
+
+func testCommittedTasksAt(t *testing.T, s store.Store) {
+	take := recordCommits(s)
+	last := func(what string) store.Committed {
+		t.Helper()
+		got := take()
 		if len(got) == 0 || !got[len(got)-1].Tasks {
 			t.Fatalf("%s: commits %+v, want the last saying tasks became pending", what, got)
 		}
-		c := got[len(got)-1]
-		got = nil
-		return c
+		return got[len(got)-1]
 	}
 	mkTask(t, s, newTask("at.a.v1", at(time.Hour)), t0)
 	if c := last("a task an hour ahead"); !c.TasksAt.Equal(at(time.Hour)) {
@@ -1863,9 +1873,7 @@ func testCommittedTasksAt(t *testing.T, s store.Store) {
 	if len(k) != 1 {
 		t.Fatalf("claimed %d tasks, want 1", len(k))
 	}
-	mu.Lock()
-	got = nil
-	mu.Unlock()
+	take()
 	setTask(t, s, k[0].ID, at(time.Second), func(k *store.Task) {
 		k.Status, k.LeaseToken, k.LeaseUntil, k.LeasedBy, k.RunAt = status.TaskPending, "", nil, "", at(10*time.Minute)
 	})
@@ -1886,13 +1894,7 @@ func testFailedReportOnDueTask(t *testing.T, s store.Store) {
 	if len(leased) != 1 {
 		t.Fatalf("claimed %d tasks, want 1", len(leased))
 	}
-	var mu sync.Mutex
-	var got []store.Committed
-	s.OnCommit(func(c store.Committed) {
-		mu.Lock()
-		got = append(got, c)
-		mu.Unlock()
-	})
+	take := recordCommits(s)
 	now := at(time.Second)
 	errs, err := s.InTasks(t.Context(), []string{due.ID, leased[0].ID}, nil, now, func(i int, tx store.TaskTx) error {
 		k := *tx.Task()
@@ -1906,9 +1908,7 @@ func testFailedReportOnDueTask(t *testing.T, s store.Store) {
 	if errs[0] == nil || errs[1] != nil {
 		t.Fatalf("errs = %v, want the first report failed and the second applied", errs)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(got) != 1 || !got[0].Tasks || !got[0].TasksAt.IsZero() {
+	if got := take(); len(got) != 1 || !got[0].Tasks || !got[0].TasksAt.IsZero() {
 		t.Errorf("commits %+v, want one saying tasks may be claimable at once", got)
 	}
 }

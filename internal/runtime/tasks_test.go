@@ -22,6 +22,7 @@ import (
 	"github.com/ferryhq/ferry/internal/store/postgres"
 	"github.com/ferryhq/ferry/internal/store/postgres/pgtest"
 	"github.com/ferryhq/ferry/internal/store/sqlite"
+	"github.com/ferryhq/ferry/internal/store/sqlstore"
 )
 
 // t0 has microsecond precision, the stores' resolution, so times read back
@@ -69,11 +70,7 @@ func forEachStore(t *testing.T, fn func(t *testing.T, e *env)) {
 	t.Helper()
 	t.Run("sqlite", func(t *testing.T) {
 		t.Parallel()
-		s, err := sqlite.Open(filepath.Join(t.TempDir(), "ferry.db"))
-		if err != nil {
-			t.Fatalf("sqlite.Open: %v", err)
-		}
-		t.Cleanup(func() { _ = s.Close() })
+		s := openSQLite(t)
 		fn(t, newEnv(t, s))
 		if err := s.VerifyRunCache(context.WithoutCancel(t.Context())); err != nil {
 			t.Errorf("run cache differs from the tables: %v", err)
@@ -89,6 +86,17 @@ func forEachStore(t *testing.T, fn func(t *testing.T, e *env)) {
 		t.Cleanup(func() { _ = s.Close() })
 		fn(t, newEnv(t, s))
 	})
+}
+
+// openSQLite opens a fresh SQLite store, closed when the test ends.
+func openSQLite(t *testing.T) *sqlstore.Store {
+	t.Helper()
+	s, err := sqlite.Open(filepath.Join(t.TempDir(), "ferry.db"))
+	if err != nil {
+		t.Fatalf("sqlite.Open: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
 }
 
 func newEnv(t *testing.T, s store.Store) *env {
@@ -1246,25 +1254,10 @@ func (c *claimCounter) ClaimOrNext(ctx context.Context, req store.ClaimTasks) (s
 // waiting claim read the database at once: the claim waits until the
 // task's run_at, then claims it. A task due at once still wakes it.
 func TestWaitingClaimSleepsThroughTasksScheduledAhead(t *testing.T) {
-	s, err := sqlite.Open(filepath.Join(t.TempDir(), "ferry.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	cs := &claimCounter{Store: s}
+	cs := &claimCounter{Store: openSQLite(t)}
 	e := newEnv(t, cs)
 	const wait = 57 * time.Second
-	claimed := make(chan []*store.Task, 1)
-	claim := func() {
-		go func() {
-			got, err := e.rt.ClaimTasks(t.Context(), runtime.ClaimRequest{Types: []string{"later.%"}, WorkerID: "w", Lease: time.Minute, Max: 1, Wait: wait})
-			if err != nil {
-				t.Error(err)
-			}
-			claimed <- got
-		}()
-	}
-	claim()
+	claimed := e.waitingClaimOf(t, t.Context(), wait, 1, "later.%")
 	if d := e.clk.waitTimer(t); d != wait {
 		t.Fatalf("the claim waits %v, want %v", d, wait)
 	}
@@ -1279,27 +1272,23 @@ func TestWaitingClaimSleepsThroughTasksScheduledAhead(t *testing.T) {
 		t.Errorf("a task scheduled ahead made the waiting claim read %d times", n-reads)
 	}
 	e.clk.Advance(10 * time.Second)
-	select {
-	case got := <-claimed:
-		if len(got) != 1 || got[0].ID != k.ID {
-			t.Fatalf("at its run_at the claim got %d tasks, want the task %s", len(got), k.ID)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the claim did not take the task within 10s of its run_at")
-	}
+	wantClaimed(t, claimed, k, "at its run_at")
 
-	claim()
+	claimed = e.waitingClaimOf(t, t.Context(), wait, 1, "later.%")
 	if d := e.clk.waitTimer(t); d != wait {
 		t.Fatalf("the second claim waits %v, want %v", d, wait)
 	}
 	k = e.create(t, runtime.NewTask{Type: "later.b.v1"})
-	select {
-	case got := <-claimed:
-		if len(got) != 1 || got[0].ID != k.ID {
-			t.Fatalf("a task due at once: the claim got %d tasks, want %s", len(got), k.ID)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a task due at once did not reach the waiting claim within 10s")
+	wantClaimed(t, claimed, k, "a task due at once")
+}
+
+// wantClaimed checks that a waiting claim returns (bounded, in real time)
+// with k alone.
+func wantClaimed(t *testing.T, claimed <-chan claimResult, k *store.Task, when string) {
+	t.Helper()
+	r := recvClaim(t, claimed)
+	if r.err != nil || len(r.ts) != 1 || r.ts[0].ID != k.ID {
+		t.Fatalf("%s: the claim got %d tasks, %v; want the task %s", when, len(r.ts), r.err, k.ID)
 	}
 }
 
@@ -1308,35 +1297,16 @@ func TestWaitingClaimSleepsThroughTasksScheduledAhead(t *testing.T) {
 // task due at once that follows it still wakes the claim: the claim moved
 // on to the wake-up after the one it passed by.
 func TestWaitingClaimIgnoresOtherTypesAhead(t *testing.T) {
-	s, err := sqlite.Open(filepath.Join(t.TempDir(), "ferry.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	e := newEnv(t, s)
+	e := newEnv(t, openSQLite(t))
 	const wait = 57 * time.Second
-	claimed := make(chan []*store.Task, 1)
-	go func() {
-		got, err := e.rt.ClaimTasks(t.Context(), runtime.ClaimRequest{Types: []string{"mine.%"}, WorkerID: "w", Lease: time.Minute, Max: 1, Wait: wait})
-		if err != nil {
-			t.Error(err)
-		}
-		claimed <- got
-	}()
+	claimed := e.waitingClaimOf(t, t.Context(), wait, 1, "mine.%")
 	if d := e.clk.waitTimer(t); d != wait {
 		t.Fatalf("the claim waits %v, want %v", d, wait)
 	}
 	runAt := t0.Add(10 * time.Second)
 	e.create(t, runtime.NewTask{Type: "theirs.a.v1", RunAt: &runAt})
 	k := e.create(t, runtime.NewTask{Type: "mine.a.v1"})
-	select {
-	case got := <-claimed:
-		if len(got) != 1 || got[0].ID != k.ID {
-			t.Fatalf("the claim got %d tasks, want %s", len(got), k.ID)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a task due at once after one of another type ahead did not reach the waiting claim within 10s")
-	}
+	wantClaimed(t, claimed, k, "a task due at once after one of another type ahead")
 	select {
 	case d := <-e.clk.timers:
 		t.Errorf("the claim set a timer of %v for a task of a type it does not take", d)
@@ -1349,22 +1319,10 @@ func TestWaitingClaimIgnoresOtherTypesAhead(t *testing.T) {
 // claim takes the task that came due at its time. (A timer set again at
 // each such commit was put off by a stream of them.)
 func TestWaitingClaimTimerNotPutOff(t *testing.T) {
-	s, err := sqlite.Open(filepath.Join(t.TempDir(), "ferry.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	e := newEnv(t, s)
+	e := newEnv(t, openSQLite(t))
 	soon := t0.Add(5 * time.Second)
 	k := e.create(t, runtime.NewTask{Type: "due.a.v1", RunAt: &soon})
-	claimed := make(chan []*store.Task, 1)
-	go func() {
-		got, err := e.rt.ClaimTasks(t.Context(), runtime.ClaimRequest{Types: []string{"due.%"}, WorkerID: "w", Lease: time.Minute, Max: 1, Wait: 57 * time.Second})
-		if err != nil {
-			t.Error(err)
-		}
-		claimed <- got
-	}()
+	claimed := e.waitingClaimOf(t, t.Context(), 57*time.Second, 1, "due.%")
 	if d := e.clk.waitTimer(t); d != 5*time.Second {
 		t.Fatalf("the claim waits %v, want 5s (its task's run_at)", d)
 	}
@@ -1372,12 +1330,5 @@ func TestWaitingClaimTimerNotPutOff(t *testing.T) {
 	later := t0.Add(time.Hour)
 	e.create(t, runtime.NewTask{Type: "due.b.v1", RunAt: &later})
 	e.clk.Advance(500 * time.Microsecond)
-	select {
-	case got := <-claimed:
-		if len(got) != 1 || got[0].ID != k.ID {
-			t.Fatalf("the claim got %d tasks, want %s", len(got), k.ID)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the claim did not take the task due at its timer within 10s: a commit of a task ahead put the timer off")
-	}
+	wantClaimed(t, claimed, k, "at its timer, after a commit of a task ahead")
 }

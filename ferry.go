@@ -3,6 +3,7 @@ package ferry
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/ferryhq/ferry/internal/api"
 	"github.com/ferryhq/ferry/internal/clock"
+	"github.com/ferryhq/ferry/internal/metrics"
 	"github.com/ferryhq/ferry/internal/netguard"
 	"github.com/ferryhq/ferry/internal/runtime"
 	"github.com/ferryhq/ferry/internal/spec"
@@ -57,11 +59,12 @@ type Config struct {
 
 // Engine is a running Ferry instance.
 type Engine struct {
-	store  store.Store
-	rt     *runtime.Runtime
-	api    *api.Server
-	log    *slog.Logger
-	limits spec.Limits
+	store   store.Store
+	rt      *runtime.Runtime
+	api     *api.Server
+	handler http.Handler // api, instrumented
+	log     *slog.Logger
+	limits  spec.Limits
 }
 
 // OpenStore opens the store named by a database URL.
@@ -129,7 +132,9 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 	if cfg.MaxSteps > 0 {
 		limits.MaxSteps = cfg.MaxSteps
 	}
+	m := newMetrics(st)
 	rt := runtime.New(runtime.Config{
+		Observer:    m,
 		Store:       st,
 		HTTP:        httpstep.New(policy.Transport()),
 		Clock:       cfg.Clock,
@@ -139,12 +144,41 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 		Lease:       cfg.Lease,
 		SafetyTick:  cfg.SafetyTick,
 	})
-	srv := api.New(api.Config{Store: st, Runtime: rt, Limits: limits, Logger: cfg.Logger})
-	return &Engine{store: st, rt: rt, api: srv, log: cfg.Logger, limits: limits}, nil
+	srv := api.New(api.Config{Store: st, Runtime: rt, Limits: limits, Logger: cfg.Logger, Metrics: m.Handler()})
+	return &Engine{store: st, rt: rt, api: srv, handler: m.Instrument(srv), log: cfg.Logger, limits: limits}, nil
 }
 
-// Handler serves the REST API, webhook callbacks and /healthz.
-func (e *Engine) Handler() http.Handler { return e.api }
+// newMetrics builds an engine's metrics and connects the store's: the
+// events its commits append, its connection pools and, on Postgres, its
+// optimistic batches.
+func newMetrics(st store.Store) *metrics.Metrics {
+	m := metrics.New(st.Dialect())
+	st.OnEvents(m.Events)
+	if s, ok := st.(interface{ DBs() (w, r *sql.DB) }); ok {
+		w, r := s.DBs()
+		m.DB("write", w)
+		if r != w {
+			m.DB("read", r)
+		}
+	}
+	if s, ok := st.(interface {
+		OptimisticBatches() (written, stale, redecided int64)
+	}); ok && st.Dialect() == "postgres" {
+		for i, outcome := range []string{"written", "stale", "redecided"} {
+			m.Counter("ferry_optimistic_batches_total",
+				"Report batches and fire transactions decided on cached rows (Postgres), by outcome: written so, found stale at their write, or decided again the locking way before anything was sent.",
+				map[string]string{"outcome": outcome}, func() float64 {
+					written, stale, redecided := s.OptimisticBatches()
+					return float64([...]int64{written, stale, redecided}[i])
+				})
+		}
+	}
+	return m
+}
+
+// Handler serves the REST API, webhook callbacks, /healthz and /metrics,
+// counting its requests (metrics).
+func (e *Engine) Handler() http.Handler { return e.handler }
 
 // Run executes due work until ctx ends.
 func (e *Engine) Run(ctx context.Context) error { return e.rt.Run(ctx) }

@@ -221,9 +221,11 @@ func TestOpenAPIOperations(t *testing.T) {
 		}
 
 		sec, hasSec := o.op["security"].([]any)
-		if strings.HasPrefix(o.path, "/api/v1/") {
+		// The API and the metrics need a key; health, this document and
+		// webhook callbacks do not.
+		if strings.HasPrefix(o.path, "/api/v1/") || o.path == "/metrics" {
 			if !hasSec || len(sec) == 0 {
-				t.Errorf("%s: an /api/v1 operation must declare security", name)
+				t.Errorf("%s: an operation behind the API key must declare security", name)
 			}
 			for _, req := range sec {
 				for scheme := range m(req) {
@@ -233,7 +235,7 @@ func TestOpenAPIOperations(t *testing.T) {
 				}
 			}
 			if responses["401"] == nil {
-				t.Errorf("%s: an /api/v1 operation must document 401", name)
+				t.Errorf("%s: an operation behind the API key must document 401", name)
 			}
 		} else if len(sec) > 0 {
 			t.Errorf("%s: %s needs no API key but declares security", name, o.path)
@@ -691,6 +693,13 @@ func TestOpenAPIMatchesServer(t *testing.T) {
 	c.expect(r, 200, "")
 	if !bytes.Equal(r.raw, api.OpenAPI()) {
 		t.Error("GET /openapi.yaml does not serve the embedded document")
+	}
+
+	c.expect(anon.call("GET /metrics", "/metrics", "", nil), 401, "unauthorized")
+	r = c.call("GET /metrics", "/metrics", "", nil)
+	c.expect(r, 200, "")
+	if !bytes.Contains(r.raw, []byte("# TYPE ferry_api_requests_total counter")) {
+		t.Errorf("GET /metrics does not serve the metrics:\n%s", r.raw)
 	}
 
 	// Auth.

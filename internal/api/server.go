@@ -44,15 +44,19 @@ type Config struct {
 	Runtime *runtime.Runtime
 	Limits  spec.Limits
 	Logger  *slog.Logger
+	// Metrics serves GET /metrics (Prometheus), behind the API key; nil
+	// answers 404.
+	Metrics http.Handler
 }
 
 // Server serves the HTTP API.
 type Server struct {
-	st     store.Store
-	rt     *runtime.Runtime
-	limits spec.Limits
-	log    *slog.Logger
-	mux    *http.ServeMux
+	st      store.Store
+	rt      *runtime.Runtime
+	limits  spec.Limits
+	log     *slog.Logger
+	mux     *http.ServeMux
+	metrics http.Handler
 
 	keyMu sync.RWMutex
 	keys  map[string]bool // verified key hashes
@@ -66,7 +70,7 @@ func New(cfg Config) *Server {
 	if cfg.Limits == (spec.Limits{}) {
 		cfg.Limits = spec.DefaultLimits
 	}
-	s := &Server{st: cfg.Store, rt: cfg.Runtime, limits: cfg.Limits, log: cfg.Logger, mux: http.NewServeMux(), keys: map[string]bool{}}
+	s := &Server{st: cfg.Store, rt: cfg.Runtime, limits: cfg.Limits, log: cfg.Logger, mux: http.NewServeMux(), metrics: cfg.Metrics, keys: map[string]bool{}}
 	s.routes()
 	return s
 }
@@ -75,6 +79,7 @@ func New(cfg Config) *Server {
 // OpenAPI document.
 var Routes = []string{
 	"GET /healthz",
+	"GET /metrics",
 	"GET /openapi.yaml",
 	"POST /wh/{token}",
 	"POST /api/v1/workflows",
@@ -107,6 +112,7 @@ var Routes = []string{
 func (s *Server) routes() {
 	h := map[string]http.HandlerFunc{
 		"GET /healthz":                                     s.healthz,
+		"GET /metrics":                                     s.auth(s.serveMetrics),
 		"GET /openapi.yaml":                                s.openapi,
 		"POST /wh/{token}":                                 s.webhook,
 		"POST /api/v1/workflows":                           s.auth(s.createWorkflow),
@@ -201,6 +207,14 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "database": s.st.Dialect()})
+}
+
+func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
+	if s.metrics == nil {
+		writeError(w, http.StatusNotFound, CodeNotFound, "metrics are not served by this server")
+		return
+	}
+	s.metrics.ServeHTTP(w, r)
 }
 
 func (s *Server) openapi(w http.ResponseWriter, r *http.Request) {

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"fmt"
+	"github.com/ferryhq/ferry/internal/clock"
 	"slices"
 	"sync"
 	"testing"
@@ -16,7 +17,7 @@ import (
 // reports spread over the lanes; without a key every lane takes from one
 // queue.
 func TestReportsOfOneRunShareALane(t *testing.T) {
-	r := &Runtime{}
+	r := &Runtime{clk: clock.Real{}, cfg: Config{Observer: noObserver{}}}
 	b := newBatcher(make(chan struct{}), &sync.WaitGroup{}, r.reportLane, func(b []*reportReq) []*reportReq { return nil })
 	if len(b.lanes) != batchLanes {
 		t.Fatalf("%d lanes, want %d", len(b.lanes), batchLanes)

@@ -242,6 +242,7 @@ func (r *Runtime) runHTTP(ctx context.Context, it *store.QueueItem) error {
 		// lease, with the same attempt number.
 		return ctx.Err()
 	}
+	r.cfg.Observer.HTTPAttempt(attemptOutcome(res), res.Duration)
 	now := r.clk.Now()
 	of := r.newOffer()
 	err = r.st.InRun(ctx, it.RunID, now, func(tx store.RunTx) error {
@@ -288,6 +289,15 @@ func (r *Runtime) runHTTP(ctx context.Context, it *store.QueueItem) error {
 	})
 	of.settle(err)
 	return err
+}
+
+// attemptOutcome is an attempt's status class for metrics ("2xx" …
+// "5xx"), or "error" when no response came.
+func attemptOutcome(res httpstep.Result) string {
+	if res.Err != nil || res.StatusCode < 100 || res.StatusCode > 599 {
+		return "error"
+	}
+	return [...]string{"1xx", "2xx", "3xx", "4xx", "5xx"}[res.StatusCode/100-1]
 }
 
 func attemptError(res httpstep.Result) string {

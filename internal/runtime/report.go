@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"time"
 
 	"github.com/ferryhq/ferry/internal/status"
 	"github.com/ferryhq/ferry/internal/store"
@@ -59,7 +60,12 @@ func (r *Runtime) reportLane(q *reportReq) uint64 {
 // released or reclaimed elsewhere are never reported here) it starts
 // again, and a report of a forgotten task only loses its lane's affinity.
 func (r *Runtime) handedOut(ts []*store.Task) {
+	var now time.Time
+	if len(ts) > 0 {
+		now = r.clk.Now()
+	}
 	for _, t := range ts {
+		r.cfg.Observer.TaskHandedOut(max(now.Sub(claimableSince(t)), 0))
 		// Standalone tasks too (run ""): the store then need not look
 		// them up either.
 		if _, loaded := r.taskRuns.LoadOrStore(t.ID, t.RunID); !loaded && r.taskRunsN.Add(1) > maxTaskRuns {

@@ -49,6 +49,9 @@ type Config struct {
 	// SafetyTick bounds how long the dispatcher sleeps without a wake-up.
 	// Default 5s.
 	SafetyTick time.Duration
+	// Observer learns what the runtime measures (metrics); none by
+	// default.
+	Observer Observer
 }
 
 // Runtime executes workflow runs.
@@ -122,6 +125,9 @@ func New(cfg Config) *Runtime {
 	}
 	if cfg.SafetyTick <= 0 {
 		cfg.SafetyTick = 5 * time.Second
+	}
+	if cfg.Observer == nil {
+		cfg.Observer = noObserver{}
 	}
 	cfg.PublicURL = strings.TrimRight(cfg.PublicURL, "/")
 	r := &Runtime{

@@ -495,6 +495,12 @@ func (r *Runtime) sleepTimers(ctx context.Context, after time.Time, busy bool, a
 	return false
 }
 
+// firedTimer is a timer a fire transaction applied, and how late.
+type firedTimer struct {
+	kind string
+	late time.Duration
+}
+
 // fireTimers applies the due timers of runs in one transaction and tells
 // whether it committed; read is what the loop read of them.
 func (r *Runtime) fireTimers(ctx context.Context, runs []string, read []*store.QueueItem) bool {
@@ -503,25 +509,33 @@ func (r *Runtime) fireTimers(ctx context.Context, runs []string, read []*store.Q
 	// held for a lease.
 	wctx := context.WithoutCancel(ctx)
 	var expired []string
-	of := r.newOffer() // the steps that follow go to waiting claims
+	var fired []firedTimer // for the observer, once committed
+	of := r.newOffer()     // the steps that follow go to waiting claims
 	_, errs, err := r.st.FireTimers(ctx, runs, read, r.clk.Now(), r.cfg.Lease, func(it *store.QueueItem, tx store.RunTx) error {
 		if it == nil {
 			// The store decides again (store.Store.FireTimers): what
 			// the decision before lent and noted is not committed.
 			of.restart()
-			expired = expired[:0]
+			expired, fired = expired[:0], fired[:0]
 			return nil
 		}
+		late := r.clk.Now().Sub(it.DueAt)
+		var err error
 		switch it.Kind {
 		case store.KindWake:
-			return r.timerTx(wctx, tx, it, status.StepSleeping, status.StepSuccess, "step_succeeded", "", of)
+			err = r.timerTx(wctx, tx, it, status.StepSleeping, status.StepSuccess, "step_succeeded", "", of)
 		case store.KindWaitTimeout:
-			return r.timerTx(wctx, tx, it, status.StepWaiting, status.StepTimeout, "step_timeout", "no callback before the timeout", of)
+			err = r.timerTx(wctx, tx, it, status.StepWaiting, status.StepTimeout, "step_timeout", "no callback before the timeout", of)
 		case store.KindRunExpire:
 			expired = append(expired, it.RunID)
-			return r.expireTx(wctx, tx)
+			err = r.expireTx(wctx, tx)
+		default:
+			err = fmt.Errorf("unknown queue item kind %q", it.Kind)
 		}
-		return fmt.Errorf("unknown queue item kind %q", it.Kind)
+		if err == nil {
+			fired = append(fired, firedTimer{it.Kind, late})
+		}
+		return err
 	})
 	of.settle(err)
 	if err != nil {
@@ -532,6 +546,9 @@ func (r *Runtime) fireTimers(ctx context.Context, runs []string, read []*store.Q
 	}
 	for _, err := range errs {
 		r.log.Error("timer failed; retried after the lease", "err", err)
+	}
+	for _, f := range fired {
+		r.cfg.Observer.TimerFired(f.kind, max(f.late, 0))
 	}
 	for _, id := range expired {
 		r.abortRun(id)

@@ -241,6 +241,10 @@ type Store interface {
 	// OnCommit registers the function told about each committed write that
 	// queued items or made tasks claimable (set once, before use).
 	OnCommit(fn func(Committed))
+	// OnEvents registers the function told, after each committed write
+	// that appended events, how many of each type it appended (set once,
+	// before use; it runs on the committing goroutine and must be quick).
+	OnEvents(fn func([]EventCount))
 	Migrate(ctx context.Context) error
 	Close() error
 
@@ -383,6 +387,14 @@ var ErrWorkflowChanged = errors.New("workflow changed since it was read")
 // ErrRetry: a batched request shares its run or task with an earlier one in
 // the same batch; submit it again in a later batch.
 var ErrRetry = errors.New("retry in a later batch")
+
+// EventCount is how many events of one type a committed write appended
+// (the run and step events of the API's event log, and the task events
+// of tasks' logs, implied ones included).
+type EventCount struct {
+	Type string
+	N    int
+}
 
 // Committed tells, after a write committed, what it made ready: the
 // earliest queue items it added and whether tasks became claimable. Wake-ups follow commits, never precede them, so a woken

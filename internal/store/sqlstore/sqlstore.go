@@ -84,6 +84,7 @@ type Store struct {
 	vcache  *versionCache // Postgres: runs by row version
 	tcache  *taskCache    // Postgres: the tasks this store leased, by row version
 	hook    atomic.Pointer[func(store.Committed)]
+	evHook  atomic.Pointer[func([]store.EventCount)]
 
 	written    [len(AnalyzeTables)]atomic.Int64 // rows this server inserted, by table
 	analyzedAt [len(AnalyzeTables)]atomic.Int64 // written at the table's last ANALYZE
@@ -103,6 +104,33 @@ type Store struct {
 
 // OnCommit registers fn to learn what each committed write made ready.
 func (s *Store) OnCommit(fn func(store.Committed)) { s.hook.Store(&fn) }
+
+// OnEvents registers fn to learn how many events of each type each
+// committed write appended (metrics). fn runs on the committing
+// goroutine: it must be quick and must not write.
+func (s *Store) OnEvents(fn func([]store.EventCount)) { s.evHook.Store(&fn) }
+
+// DBs returns the connection pools, for their statistics: writes and
+// reads (the same pool when reads have none of their own).
+func (s *Store) DBs() (write, read *sql.DB) { return s.w, s.r }
+
+// countEvents tallies events by type. A write holds few distinct types
+// (a report batch: claimed, succeeded, step and run events), so a slice
+// searched in order costs less than a map.
+func countEvents(evs []eventRow) []store.EventCount {
+	var out []store.EventCount
+next:
+	for i := range evs {
+		for j := range out {
+			if out[j].Type == evs[i].typ {
+				out[j].N++
+				continue next
+			}
+		}
+		out = append(out, store.EventCount{Type: evs[i].typ, N: 1})
+	}
+	return out
+}
 
 // note collects, inside a write, what its commit will make ready.
 type note struct {
@@ -165,6 +193,9 @@ func (s *Store) committed(cs *changeset) {
 		s.tcache.put(cs)
 	}
 	s.grew(cs.newRows())
+	if fn := s.evHook.Load(); fn != nil && len(cs.events) > 0 {
+		(*fn)(countEvents(cs.events))
+	}
 	n := &cs.note
 	if n.c.HTTPDue.IsZero() && n.c.TimerDue.IsZero() && !n.c.Tasks && len(n.c.Leased) == 0 {
 		return

@@ -469,6 +469,7 @@ func addCands(cands *[]lockedTask, rows PipeRows) error {
 // whole, lease decides in memory, and the changeset writes the leases.
 func (s *Store) claimInTx(ctx context.Context, req store.ClaimTasks, types []string, filter string, fargs []any, tok string, until time.Time) ([]*store.Task, error) {
 	var out []*store.Task
+	var cs *changeset
 	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		var cands []lockedTask
 		for _, q := range s.claimReads(req, types, filter, fargs) {
@@ -482,10 +483,13 @@ func (s *Store) claimInTx(ctx context.Context, req store.ClaimTasks, types []str
 				return fmt.Errorf("claim tasks: %w", err)
 			}
 		}
-		cs := &changeset{}
+		cs = &changeset{}
 		out = s.lease(ctx, cs, cands, req, tok, until)
 		return s.flush(ctx, tx, cs)
 	})
+	if err == nil {
+		s.committed(cs)
+	}
 	return out, err
 }
 

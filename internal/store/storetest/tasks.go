@@ -55,6 +55,7 @@ var taskTests = []test{
 	{"CommittedTasksAtWhenAllScheduledAhead", testCommittedTasksAt},
 	{"FailedReportOnDueTaskWakesClaims", testFailedReportOnDueTask},
 	{"TaskTypes", testTaskTypes},
+	{"EventsCountedAsCommitted", testEventsCounted},
 }
 
 // newTask is a pending standalone task of typ, due at runAt.
@@ -1911,4 +1912,79 @@ func testFailedReportOnDueTask(t *testing.T, s store.Store) {
 	if got := take(); len(got) != 1 || !got[0].Tasks || !got[0].TasksAt.IsZero() {
 		t.Errorf("commits %+v, want one saying tasks may be claimable at once", got)
 	}
+}
+
+// testEventsCounted: OnEvents tells how many events of each type every
+// committed write appended, implied ones included, and nothing of writes
+// that rolled back or of a batch's task whose writes were dropped, however
+// many times the store decided the batch: the sum over the commits is the
+// events the logs hold.
+func testEventsCounted(t *testing.T, s store.Store) {
+	var mu sync.Mutex
+	got := map[string]int{}
+	s.OnEvents(func(counts []store.EventCount) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen := map[string]bool{}
+		for _, c := range counts {
+			if c.N <= 0 || seen[c.Type] {
+				t.Errorf("commit's counts %+v: each type once, with a positive count", counts)
+			}
+			seen[c.Type] = true
+			got[c.Type] += c.N
+		}
+	})
+	wf := mkWorkflow(t, s, "wf")
+	r := mkRun(t, s, &store.NewRun{Run: baseRun(wf, ""), Events: []store.NewEvent{{Type: "run_started"}, {Type: "step_started", Step: "a"}}})
+	inRun(t, s, r.ID, at(time.Second), func(tx store.RunTx) error {
+		return tx.Append(store.NewEvent{Type: "step_succeeded", Step: "a"}, store.NewEvent{Type: "step_started", Step: "b"})
+	})
+	boom := errors.New("boom")
+	if err := s.InRun(t.Context(), r.ID, at(2*time.Second), func(tx store.RunTx) error {
+		if err := tx.Append(store.NewEvent{Type: "rolled_back"}); err != nil {
+			return err
+		}
+		return boom
+	}); !errors.Is(err, boom) {
+		t.Fatalf("InRun error = %v, want fn's error", err)
+	}
+
+	var ids []string
+	for range 3 {
+		ids = append(ids, mkTask(t, s, newTask("count.a.v1", t0), t0).ID)
+	}
+	if n := len(claimTasks(t, s, []string{"count.a.v1"}, "w1", t0, time.Minute, 3)); n != 3 {
+		t.Fatalf("claimed %d tasks, want 3", n)
+	}
+	errs, err := s.InTasks(t.Context(), ids, nil, at(time.Second), func(i int, tx store.TaskTx) error {
+		u := *tx.Task()
+		u.Status = status.TaskSucceeded
+		if err := tx.UpdateTask(&u); err != nil {
+			return err
+		}
+		if err := tx.AppendTask(store.NewEvent{Type: "succeeded"}); err != nil {
+			return err
+		}
+		if i == 1 {
+			return boom // this task's writes are dropped
+		}
+		return nil
+	})
+	must(t, err, "InTasks")
+	if !errors.Is(errs[1], boom) || errs[0] != nil || errs[2] != nil {
+		t.Fatalf("InTasks errs = %v, want only the second to fail", errs)
+	}
+
+	want := map[string]int{}
+	for _, owner := range append([]string{r.ID}, ids...) {
+		for _, e := range events(t, s, owner) {
+			want[e.Type]++
+		}
+	}
+	if want["succeeded"] != 2 || want["claimed"] != 3 || want["created"] != 3 || want["rolled_back"] != 0 {
+		t.Fatalf("the logs hold %v: not what this test wrote", want)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	diff(t, "events counted at commits against the logs", want, got)
 }

@@ -1,0 +1,173 @@
+package metrics
+
+import (
+	"database/sql"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/ferryhq/ferry/internal/store"
+)
+
+// latencyBuckets (seconds) span 0.5 ms to ≈8 s, doubling: timers and
+// hand-offs are milliseconds apart when all is well and seconds when a
+// backlog builds, and both ends matter.
+var latencyBuckets = prometheus.ExponentialBuckets(0.0005, 2, 15)
+
+// Metrics is one engine's registry and the metrics it serves. Its
+// methods are safe for concurrent use.
+type Metrics struct {
+	reg        *prometheus.Registry
+	runEvents  *prometheus.CounterVec
+	taskEvents *prometheus.CounterVec
+	timerLate  *prometheus.HistogramVec
+	taskWait   prometheus.Histogram
+	httpSteps  *prometheus.HistogramVec
+	apiTime    *prometheus.HistogramVec
+	apiCount   *prometheus.CounterVec
+}
+
+// New builds the metrics of an engine on the given database backend
+// ("sqlite" or "postgres"), with the Go runtime's and the process's own.
+func New(backend string) *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		runEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ferry_run_events_total",
+			Help: "Run and step events committed by this server, by event type (run_started, step_succeeded, run_completed, …).",
+		}, []string{"type"}),
+		taskEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ferry_task_events_total",
+			Help: "Task events committed by this server, by event type (created, claimed, succeeded, retried, lease_expired, …).",
+		}, []string{"type"}),
+		timerLate: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "ferry_timer_lateness_seconds",
+			Help:    "How long after its due time a timer was applied, by kind (wake: a sleep's end; wait_timeout: a webhook wait's timeout; run_expire: a run's max_duration).",
+			Buckets: latencyBuckets,
+		}, []string{"kind"}),
+		taskWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "ferry_task_wait_seconds",
+			Help:    "How long a task was claimable before a worker's claim got it.",
+			Buckets: latencyBuckets,
+		}),
+		httpSteps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "ferry_http_step_attempt_seconds",
+			Help:    "Duration of HTTP step attempts, by outcome (2xx … 5xx, or error when no response came).",
+			Buckets: prometheus.DefBuckets,
+		}, []string{"outcome"}),
+		apiTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "ferry_api_request_seconds",
+			Help:    "Duration of API requests, by route (long-polling claims last up to their wait).",
+			Buckets: prometheus.DefBuckets,
+		}, []string{"route"}),
+		apiCount: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ferry_api_requests_total",
+			Help: "API requests answered, by route and status code.",
+		}, []string{"route", "code"}),
+	}
+	info := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "ferry_info",
+		Help:        "Always 1; the database backend this server runs on.",
+		ConstLabels: prometheus.Labels{"backend": backend},
+	})
+	info.Set(1)
+	m.reg.MustRegister(m.runEvents, m.taskEvents, m.timerLate, m.taskWait, m.httpSteps, m.apiTime, m.apiCount, info,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Handler serves the registry in Prometheus's text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// Registry is the engine's registry, for collectors of its own.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// DB adds a connection pool's statistics (go_sql_* metrics, labelled
+// db_name).
+func (m *Metrics) DB(name string, db *sql.DB) {
+	m.reg.MustRegister(collectors.NewDBStatsCollector(db, name))
+}
+
+// Counter adds a counter read from f at each scrape.
+func (m *Metrics) Counter(name, help string, labels prometheus.Labels, f func() float64) {
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels}, f))
+}
+
+// Events counts what a commit appended to runs' and tasks' event logs.
+// Run and step events are those whose type begins run_, step_ or
+// webhook_ (the API's event types); the others are task events.
+func (m *Metrics) Events(counts []store.EventCount) {
+	for _, c := range counts {
+		vec := m.taskEvents
+		if isRunEvent(c.Type) {
+			vec = m.runEvents
+		}
+		vec.WithLabelValues(c.Type).Add(float64(c.N))
+	}
+}
+
+func isRunEvent(typ string) bool {
+	return strings.HasPrefix(typ, "run_") || strings.HasPrefix(typ, "step_") || strings.HasPrefix(typ, "webhook_")
+}
+
+// TimerFired observes a timer applied late after its due time.
+func (m *Metrics) TimerFired(kind string, late time.Duration) {
+	m.timerLate.WithLabelValues(kind).Observe(late.Seconds())
+}
+
+// TaskHandedOut observes a task handed to a worker wait after it became
+// claimable.
+func (m *Metrics) TaskHandedOut(wait time.Duration) { m.taskWait.Observe(wait.Seconds()) }
+
+// HTTPAttempt observes an HTTP step's attempt.
+func (m *Metrics) HTTPAttempt(outcome string, took time.Duration) {
+	m.httpSteps.WithLabelValues(outcome).Observe(took.Seconds())
+}
+
+// Instrument counts and times the requests next serves, by the route
+// pattern its ServeMux matched (r.Pattern, "METHOD /path/{param}"), so
+// that ids in paths do not make a series each; requests no route matched
+// count as "unmatched".
+func (m *Metrics) Instrument(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+		next.ServeHTTP(sw, r)
+		route := r.Pattern
+		if route == "" || route == "/api/" {
+			route = "unmatched"
+		}
+		m.apiTime.WithLabelValues(route).Observe(time.Since(start).Seconds())
+		m.apiCount.WithLabelValues(route, strconv.Itoa(sw.code)).Inc()
+	})
+}
+
+// statusWriter remembers the status code written.
+type statusWriter struct {
+	http.ResponseWriter
+	code    int
+	written bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if !w.written {
+		w.code, w.written = code, true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	w.written = true
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer
+// (flushes, deadlines).
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -1,0 +1,200 @@
+package ferry_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/client"
+	"github.com/ferryhq/ferry/internal/ferrytest"
+	"github.com/ferryhq/ferry/internal/store/postgres/pgtest"
+	"github.com/ferryhq/ferry/internal/testwait"
+)
+
+// TestMetrics: one run of an HTTP step, a sleep and a task step, and what
+// GET /metrics then says of it on each database: the events its commits
+// appended, the timer's lateness, the task's wait, the HTTP attempt, the
+// API's requests by route, the connection pools.
+func TestMetrics(t *testing.T) {
+	for _, db := range []string{"sqlite", "postgres"} {
+		t.Run(db, func(t *testing.T) {
+			var opts []func(*ferry.Config)
+			if db == "postgres" {
+				dsn := pgtest.DSN(t)
+				opts = append(opts, func(c *ferry.Config) { c.Database = dsn })
+			}
+			srv := ferrytest.Start(t, opts...)
+			testMetrics(t, srv, db)
+		})
+	}
+}
+
+func testMetrics(t *testing.T, srv *ferrytest.Server, db string) {
+	ctx := context.Background()
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	t.Cleanup(target.Close)
+	c := client.New(srv.URL, srv.Key)
+	def := fmt.Sprintf(`{"name": "metered", "tasks": {
+		"call": {"url": %q},
+		"nap": {"needs": ["call"], "sleep": 1},
+		"work": {"needs": ["nap"], "task": {"type": "metrics.work.v1"}}}}`, target.URL)
+	if _, _, err := c.ApplyWorkflow(ctx, "metered", []byte(def)); err != nil {
+		t.Fatal(err)
+	}
+	tr, _, err := c.Trigger(ctx, "metered", nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := srv.Engine.ClaimTasks(ctx, client.ClaimRequest{Types: []string{"metrics.work.v1"}, WorkerID: "w", Wait: 20 * time.Second})
+	if err != nil || len(got) != 1 {
+		t.Fatalf("claim: %+v %v", got, err)
+	}
+	if err := srv.Engine.CompleteTask(ctx, got[0].ID, got[0].LeaseToken, nil); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, 10*time.Second, "the run completes", func() bool {
+		r, err := c.GetRun(ctx, tr.RunID)
+		return err == nil && r.Status == client.RunCompleted
+	})
+
+	m := scrape(t, srv)
+	for _, w := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"ferry_run_events_total", map[string]string{"type": "run_started"}, 1},
+		{"ferry_run_events_total", map[string]string{"type": "step_succeeded"}, 3},
+		{"ferry_run_events_total", map[string]string{"type": "run_completed"}, 1},
+		{"ferry_task_events_total", map[string]string{"type": "created"}, 1},
+		{"ferry_task_events_total", map[string]string{"type": "claimed"}, 1},
+		{"ferry_task_events_total", map[string]string{"type": "succeeded"}, 1},
+		{"ferry_timer_lateness_seconds", map[string]string{"kind": "wake"}, 1},
+		{"ferry_task_wait_seconds", nil, 1},
+		{"ferry_http_step_attempt_seconds", map[string]string{"outcome": "2xx"}, 1},
+		{"ferry_api_requests_total", map[string]string{"route": "POST /api/v1/workflows/{id}/trigger", "code": "201"}, 1},
+		{"ferry_info", map[string]string{"backend": db}, 1},
+	} {
+		if v, ok := sample(m, w.name, w.labels); !ok || v != w.want {
+			t.Errorf("%s%v = %v (found %v), want %v", w.name, w.labels, v, ok, w.want)
+		}
+	}
+	// A timer's lateness is a moment after its due time, well under the
+	// second the test waited.
+	if h, ok := find(m, "ferry_timer_lateness_seconds", map[string]string{"kind": "wake"}); ok {
+		if s := h.GetHistogram().GetSampleSum(); s < 0 || s > 5 {
+			t.Errorf("wake lateness sum %v s", s)
+		}
+	}
+	for _, pool := range []string{"write", "read"} {
+		if _, ok := sample(m, "go_sql_open_connections", map[string]string{"db_name": pool}); !ok {
+			t.Errorf("no statistics of the %s pool", pool)
+		}
+	}
+	if db == "postgres" {
+		if _, ok := sample(m, "ferry_optimistic_batches_total", map[string]string{"outcome": "written"}); !ok {
+			t.Error("no ferry_optimistic_batches_total on Postgres")
+		}
+	}
+	// The operations guide lists exactly the ferry_ metrics served.
+	doc, err := os.ReadFile("docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]bool{}
+	for _, n := range regexp.MustCompile("(?m)^\\| `(ferry_[a-z_]+)` \\|").FindAllStringSubmatch(string(doc), -1) {
+		documented[n[1]] = true
+	}
+	for name := range m {
+		if strings.HasPrefix(name, "ferry_") && !documented[name] {
+			t.Errorf("%s is served but not in docs/operations.md", name)
+		}
+	}
+	for name := range documented {
+		if m[name] == nil && !(name == "ferry_optimistic_batches_total" && db == "sqlite") {
+			t.Errorf("docs/operations.md lists %s, which is not served", name)
+		}
+	}
+	if len(documented) < 8 {
+		t.Errorf("found %d metrics in docs/operations.md; the table moved?", len(documented))
+	}
+	// GET /metrics needs the API key.
+	resp, err := http.Get(srv.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("GET /metrics without a key: %d, want 401", resp.StatusCode)
+	}
+}
+
+// scrape reads the server's metrics as Prometheus parses them.
+func scrape(t *testing.T, srv *ferrytest.Server) map[string]*dto.MetricFamily {
+	t.Helper()
+	req, _ := http.NewRequest("GET", srv.URL+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+srv.Key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics: %d", resp.StatusCode)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	m, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("parse metrics: %v", err)
+	}
+	return m
+}
+
+// find is the metric of family name whose labels include labels.
+func find(m map[string]*dto.MetricFamily, name string, labels map[string]string) (*dto.Metric, bool) {
+	f := m[name]
+	if f == nil {
+		return nil, false
+	}
+next:
+	for _, x := range f.GetMetric() {
+		have := map[string]string{}
+		for _, l := range x.GetLabel() {
+			have[l.GetName()] = l.GetValue()
+		}
+		for k, v := range labels {
+			if have[k] != v {
+				continue next
+			}
+		}
+		return x, true
+	}
+	return nil, false
+}
+
+// sample is a counter's or gauge's value, or a histogram's count.
+func sample(m map[string]*dto.MetricFamily, name string, labels map[string]string) (float64, bool) {
+	x, ok := find(m, name, labels)
+	switch {
+	case !ok:
+		return 0, false
+	case x.Counter != nil:
+		return x.GetCounter().GetValue(), true
+	case x.Gauge != nil:
+		return x.GetGauge().GetValue(), true
+	case x.Histogram != nil:
+		return float64(x.GetHistogram().GetSampleCount()), true
+	}
+	return 0, false
+}

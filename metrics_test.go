@@ -45,16 +45,37 @@ func testMetrics(t *testing.T, srv *ferrytest.Server, db string) {
 	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) }))
 	t.Cleanup(target.Close)
 	c := client.New(srv.URL, srv.Key)
+	// hook's callback comes at once; its timeout comes due while nap
+	// sleeps, and finds nothing to do.
 	def := fmt.Sprintf(`{"name": "metered", "tasks": {
 		"call": {"url": %q},
-		"nap": {"needs": ["call"], "sleep": 1},
-		"work": {"needs": ["nap"], "task": {"type": "metrics.work.v1"}}}}`, target.URL)
+		"hook": {"wait_for_webhook": {"timeout": "1s"}},
+		"nap": {"needs": ["call"], "sleep": 2},
+		"work": {"needs": ["nap", "hook"], "task": {"type": "metrics.work.v1"}}}}`, target.URL)
 	if _, _, err := c.ApplyWorkflow(ctx, "metered", []byte(def)); err != nil {
 		t.Fatal(err)
 	}
 	tr, _, err := c.Trigger(ctx, "metered", nil, "")
 	if err != nil {
 		t.Fatal(err)
+	}
+	run, err := c.GetRun(ctx, tr.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var callback string
+	for _, st := range run.Tasks {
+		if st.Name == "hook" {
+			callback = st.CallbackURL
+		}
+	}
+	resp, err := http.Post(callback, "application/json", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("callback: %d", resp.StatusCode)
 	}
 	got, err := srv.Engine.ClaimTasks(ctx, client.ClaimRequest{Types: []string{"metrics.work.v1"}, WorkerID: "w", Wait: 20 * time.Second})
 	if err != nil || len(got) != 1 {
@@ -75,7 +96,8 @@ func testMetrics(t *testing.T, srv *ferrytest.Server, db string) {
 		want   float64
 	}{
 		{"ferry_run_events_total", map[string]string{"type": "run_started"}, 1},
-		{"ferry_run_events_total", map[string]string{"type": "step_succeeded"}, 3},
+		{"ferry_run_events_total", map[string]string{"type": "step_succeeded"}, 4},
+		{"ferry_run_events_total", map[string]string{"type": "webhook_received"}, 1},
 		{"ferry_run_events_total", map[string]string{"type": "run_completed"}, 1},
 		{"ferry_task_events_total", map[string]string{"type": "created"}, 1},
 		{"ferry_task_events_total", map[string]string{"type": "claimed"}, 1},
@@ -89,6 +111,9 @@ func testMetrics(t *testing.T, srv *ferrytest.Server, db string) {
 		if v, ok := sample(m, w.name, w.labels); !ok || v != w.want {
 			t.Errorf("%s%v = %v (found %v), want %v", w.name, w.labels, v, ok, w.want)
 		}
+	}
+	if _, ok := sample(m, "ferry_timer_lateness_seconds", map[string]string{"kind": "wait_timeout"}); ok {
+		t.Error("a webhook timeout that found its callback come is counted as a timer applied")
 	}
 	// A timer's lateness is a moment after its due time, well under the
 	// second the test waited.
@@ -130,7 +155,7 @@ func testMetrics(t *testing.T, srv *ferrytest.Server, db string) {
 		t.Errorf("found %d metrics in docs/operations.md; the table moved?", len(documented))
 	}
 	// GET /metrics needs the API key.
-	resp, err := http.Get(srv.URL + "/metrics")
+	resp, err = http.Get(srv.URL + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

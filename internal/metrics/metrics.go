@@ -47,17 +47,17 @@ func New(backend string) *Metrics {
 		}, []string{"type"}),
 		timerLate: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ferry_timer_lateness_seconds",
-			Help:    "How long after its due time a timer was applied, by kind (wake: a sleep's end; wait_timeout: a webhook wait's timeout; run_expire: a run's max_duration).",
+			Help:    "How long after its due time a timer was applied, by kind (wake: a sleep's end; wait_timeout: a webhook wait's timeout; run_expire: a run's max_duration); timers that found nothing to do (a callback came first, the run had ended) are not counted.",
 			Buckets: latencyBuckets,
 		}, []string{"kind"}),
 		taskWait: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "ferry_task_wait_seconds",
-			Help:    "How long a task was claimable before a worker's claim got it.",
+			Help:    "How long a task was claimable (from its run_at, its last change while pending, or the end of the expired lease taken over) before a claim handed it to a worker.",
 			Buckets: latencyBuckets,
 		}),
 		httpSteps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ferry_http_step_attempt_seconds",
-			Help:    "Duration of HTTP step attempts, by outcome (2xx … 5xx, or error when no response came).",
+			Help:    "Duration of HTTP step attempts, by outcome (2xx … 5xx; error when no response came; cancelled when the run was cancelled or the lease lost during the attempt).",
 			Buckets: prometheus.DefBuckets,
 		}, []string{"outcome"}),
 		apiTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -139,13 +139,24 @@ func (m *Metrics) Instrument(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+		// Deferred: a handler that panics (net/http answers 500, or
+		// drops the connection for http.ErrAbortHandler) is counted too.
+		defer func() {
+			code := sw.code
+			if p := recover(); p != nil {
+				if !sw.written {
+					code = http.StatusInternalServerError
+				}
+				defer panic(p)
+			}
+			route := r.Pattern
+			if route == "" || route == "/api/" {
+				route = "unmatched"
+			}
+			m.apiTime.WithLabelValues(route).Observe(time.Since(start).Seconds())
+			m.apiCount.WithLabelValues(route, strconv.Itoa(code)).Inc()
+		}()
 		next.ServeHTTP(sw, r)
-		route := r.Pattern
-		if route == "" || route == "/api/" {
-			route = "unmatched"
-		}
-		m.apiTime.WithLabelValues(route).Observe(time.Since(start).Seconds())
-		m.apiCount.WithLabelValues(route, strconv.Itoa(sw.code)).Inc()
 	})
 }
 

@@ -66,3 +66,23 @@ ferry_api_requests_total{code="409",route="POST /api/v1/runs/{id}/cancel"} 1
 		t.Error(err)
 	}
 }
+
+// A handler that panics is counted (500 unless it had written), and the
+// panic goes on to net/http.
+func TestInstrumentCountsPanics(t *testing.T) {
+	m := New("sqlite")
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /boom", func(w http.ResponseWriter, r *http.Request) { panic(http.ErrAbortHandler) })
+	h := m.Instrument(mux)
+	func() {
+		defer func() {
+			if p := recover(); p != http.ErrAbortHandler {
+				t.Errorf("recovered %v, want the handler's panic passed on", p)
+			}
+		}()
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/boom", nil))
+	}()
+	if got := testutil.ToFloat64(m.apiCount.WithLabelValues("GET /boom", "500")); got != 1 {
+		t.Errorf("panicking request counted %v times as a 500, want 1", got)
+	}
+}

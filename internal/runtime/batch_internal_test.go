@@ -2,12 +2,12 @@ package runtime
 
 import (
 	"fmt"
-	"github.com/ferryhq/ferry/internal/clock"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/ferryhq/ferry/internal/clock"
 	"github.com/ferryhq/ferry/internal/store"
 	"github.com/ferryhq/ferry/internal/testwait"
 )
@@ -26,7 +26,7 @@ func TestReportsOfOneRunShareALane(t *testing.T) {
 	for _, id := range []string{"t1", "t2", "t3", "t4", "t5", "t6", "t7", "t8"} {
 		tasks = append(tasks, &store.Task{ID: id, RunID: "run-a"})
 	}
-	r.handedOut(tasks)
+	r.handedOut(tasks, nil)
 	lane := b.lane(&reportReq{id: "t1"})
 	for _, tk := range tasks {
 		if b.lane(&reportReq{id: tk.ID}) != lane {
@@ -46,7 +46,7 @@ func TestReportsOfOneRunShareALane(t *testing.T) {
 	for i := range 64 {
 		solo = append(solo, &store.Task{ID: "solo" + string(rune('A'+i))})
 	}
-	r.handedOut(solo)
+	r.handedOut(solo, nil)
 	used = map[chan *reportReq]bool{}
 	for _, tk := range solo {
 		used[b.lane(&reportReq{id: tk.ID})] = true

@@ -136,7 +136,10 @@ func (r *Runtime) process(ctx context.Context, it *store.QueueItem) {
 }
 
 // timerTx completes a sleep or a webhook wait whose time came.
-func (r *Runtime) timerTx(ctx context.Context, tx store.RunTx, it *store.QueueItem, from, to, event, msg string, of *offer) error {
+//
+// applied says the timer changed its step: a wait's timeout whose
+// callback came first, or a timer of a run that ended, changes nothing.
+func (r *Runtime) timerTx(ctx context.Context, tx store.RunTx, it *store.QueueItem, from, to, event, msg string, of *offer) (applied bool, err error) {
 	now := r.clk.Now()
 	s := tx.Step(it.Step)
 	ch := &changes{now: now, runID: it.RunID, offer: of}
@@ -144,16 +147,18 @@ func (r *Runtime) timerTx(ctx context.Context, tx store.RunTx, it *store.QueueIt
 		s.Status, s.Error, s.FinishedAt = to, msg, &now
 		ch.touch(s)
 		ch.events = append(ch.events, store.NewEvent{Type: event, Step: s.Name})
+		applied = true
 	}
-	return r.advance(ctx, tx, ch)
+	return applied, r.advance(ctx, tx, ch)
 }
 
-// expireTx ends a run that reached max_duration.
-func (r *Runtime) expireTx(ctx context.Context, tx store.RunTx) error {
+// expireTx ends a run that reached max_duration; applied false: the run
+// had already ended.
+func (r *Runtime) expireTx(ctx context.Context, tx store.RunTx) (applied bool, err error) {
 	now := r.clk.Now()
 	run := tx.Run()
 	if status.RunTerminal(run.Status) {
-		return nil
+		return false, nil
 	}
 	ch := &changes{now: now, runID: run.ID, finished: true, stopped: true}
 	for _, s := range tx.Steps() {
@@ -164,7 +169,7 @@ func (r *Runtime) expireTx(ctx context.Context, tx store.RunTx) error {
 	}
 	run.Status, run.Error, run.FinishedAt = status.RunTimeout, "run exceeded max_duration", &now
 	ch.events = append(ch.events, store.NewEvent{Type: "run_timeout"})
-	return r.flush(ctx, tx, run, ch)
+	return true, r.flush(ctx, tx, run, ch)
 }
 
 // saturatedTick bounds how long the dispatcher waits while every
@@ -242,7 +247,12 @@ func (r *Runtime) runHTTP(ctx context.Context, it *store.QueueItem) error {
 		// lease, with the same attempt number.
 		return ctx.Err()
 	}
-	r.cfg.Observer.HTTPAttempt(attemptOutcome(res), res.Duration)
+	if actx.Err() != nil {
+		// Cut short: the run was cancelled, or the lease lost.
+		r.cfg.Observer.HTTPAttempt("cancelled", res.Duration)
+	} else {
+		r.cfg.Observer.HTTPAttempt(attemptOutcome(res), res.Duration)
+	}
 	now := r.clk.Now()
 	of := r.newOffer()
 	err = r.st.InRun(ctx, it.RunID, now, func(tx store.RunTx) error {

@@ -29,9 +29,10 @@ func (noObserver) TimerFired(string, time.Duration)  {}
 func (noObserver) TaskHandedOut(time.Duration)       {}
 func (noObserver) HTTPAttempt(string, time.Duration) {}
 
-// claimableSince is when a task became claimable: its run_at, or its
-// creation if it was written later (a run_at in the past).
-func claimableSince(t *store.Task) time.Time {
+// createdClaimable is when a task leased as it was created (to a waiting
+// claim, or to the worker whose completion started it) became claimable:
+// its run_at, or its creation if that was later.
+func createdClaimable(t *store.Task) time.Time {
 	if t.CreatedAt.After(t.RunAt) {
 		return t.CreatedAt
 	}

@@ -31,16 +31,16 @@ func TestAttemptOutcome(t *testing.T) {
 	}
 }
 
-// A task is claimable from its run_at, or from its creation when run_at
-// was already past.
-func TestClaimableSince(t *testing.T) {
+// A task leased as it was created is claimable from its run_at, or from
+// its creation when run_at was already past.
+func TestCreatedClaimable(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	ahead := &store.Task{CreatedAt: t0, RunAt: t0.Add(time.Minute)}
 	past := &store.Task{CreatedAt: t0, RunAt: t0.Add(-time.Minute)}
-	if got := claimableSince(ahead); !got.Equal(t0.Add(time.Minute)) {
+	if got := createdClaimable(ahead); !got.Equal(t0.Add(time.Minute)) {
 		t.Errorf("scheduled ahead: %v", got)
 	}
-	if got := claimableSince(past); !got.Equal(t0) {
+	if got := createdClaimable(past); !got.Equal(t0) {
 		t.Errorf("run_at in the past: %v", got)
 	}
 }

@@ -54,18 +54,26 @@ func (r *Runtime) reportLane(q *reportReq) uint64 {
 	return h.Sum64()
 }
 
-// handedOut remembers the runs of tasks leased to workers ("" for a
+// handedOut tells the observer how long each task waited, and remembers
+// the runs of tasks leased to workers ("" for a
 // standalone task), for reportLane and for the store, which then need not
 // look them up (applyReports); a task's entry goes when it finishes. Bounded: past maxTaskRuns (tasks
 // released or reclaimed elsewhere are never reported here) it starts
 // again, and a report of a forgotten task only loses its lane's affinity.
-func (r *Runtime) handedOut(ts []*store.Task) {
+//
+// since, when given, is when each became claimable, as the claim found
+// (store.Claim.Since); without it, tasks were leased as they were created.
+func (r *Runtime) handedOut(ts []*store.Task, since []time.Time) {
 	var now time.Time
 	if len(ts) > 0 {
 		now = r.clk.Now()
 	}
-	for _, t := range ts {
-		r.cfg.Observer.TaskHandedOut(max(now.Sub(claimableSince(t)), 0))
+	for i, t := range ts {
+		from := createdClaimable(t)
+		if len(since) == len(ts) {
+			from = since[i]
+		}
+		r.cfg.Observer.TaskHandedOut(max(now.Sub(from), 0))
 		// Standalone tasks too (run ""): the store then need not look
 		// them up either.
 		if _, loaded := r.taskRuns.LoadOrStore(t.ID, t.RunID); !loaded && r.taskRunsN.Add(1) > maxTaskRuns {

@@ -247,10 +247,10 @@ func (r *Runtime) ClaimTasks(ctx context.Context, req ClaimRequest) ([]*store.Ta
 		if err != nil {
 			return nil, err
 		}
-		got := r.dropExhausted(ctx, c.Tasks)
-		if len(got) > 0 || !now.Before(deadline) {
-			r.handedOut(got)
-			return got, nil
+		got := r.dropExhausted(ctx, c)
+		if len(got.Tasks) > 0 || !now.Before(deadline) {
+			r.handedOut(got.Tasks, got.Since)
+			return got.Tasks, nil
 		}
 		// Writes may hand tasks to the claim from here on: the sooner,
 		// the fewer triggers find no claim waiting.
@@ -309,7 +309,7 @@ func (r *Runtime) ClaimTasks(ctx context.Context, req ClaimRequest) ([]*store.Ta
 				r.ReleaseTasks(context.WithoutCancel(ctx), got)
 				return nil, stop
 			}
-			r.handedOut(got)
+			r.handedOut(got, nil)
 			return got, nil
 		}
 		switch {
@@ -358,12 +358,19 @@ func (r *Runtime) release(ctx context.Context, ts []*store.Task, reason string) 
 
 // dropExhausted fails tasks reclaimed after their final attempt's lease ran
 // out (a worker crashed on every attempt) instead of handing them out again.
-func (r *Runtime) dropExhausted(ctx context.Context, ts []*store.Task) []*store.Task {
-	out := ts[:0]
-	for _, t := range ts {
+func (r *Runtime) dropExhausted(ctx context.Context, c store.Claim) store.Claim {
+	out := store.Claim{Tasks: c.Tasks[:0]}
+	since := len(c.Since) == len(c.Tasks)
+	if since {
+		out.Since = c.Since[:0]
+	}
+	for i, t := range c.Tasks {
 		maxAttempts, _ := r.TaskDefaults(ctx, t)
 		if t.Attempt <= maxAttempts {
-			out = append(out, t)
+			out.Tasks = append(out.Tasks, t)
+			if since {
+				out.Since = append(out.Since, c.Since[i])
+			}
 			continue
 		}
 		err := r.st.InTask(ctx, t.ID, r.clk.Now(), func(tx store.TaskTx) error {
@@ -490,7 +497,7 @@ func (r *Runtime) CompleteTaskAndClaim(ctx context.Context, id, token string, re
 	// A task the same commit cancelled (a later report of the batch ended
 	// its run) is not handed over; the store marks it so.
 	e.taken = slices.DeleteFunc(e.taken, func(t *store.Task) bool { return t.Status != status.TaskLeased })
-	r.handedOut(e.taken)
+	r.handedOut(e.taken, nil)
 	return out, e.taken, nil
 }
 

@@ -520,23 +520,31 @@ func (r *Runtime) fireTimers(ctx context.Context, runs []string, read []*store.Q
 			return nil
 		}
 		late := r.clk.Now().Sub(it.DueAt)
+		var applied bool
 		var err error
 		switch it.Kind {
 		case store.KindWake:
-			err = r.timerTx(wctx, tx, it, status.StepSleeping, status.StepSuccess, "step_succeeded", "", of)
+			applied, err = r.timerTx(wctx, tx, it, status.StepSleeping, status.StepSuccess, "step_succeeded", "", of)
 		case store.KindWaitTimeout:
-			err = r.timerTx(wctx, tx, it, status.StepWaiting, status.StepTimeout, "step_timeout", "no callback before the timeout", of)
+			applied, err = r.timerTx(wctx, tx, it, status.StepWaiting, status.StepTimeout, "step_timeout", "no callback before the timeout", of)
 		case store.KindRunExpire:
 			expired = append(expired, it.RunID)
-			err = r.expireTx(wctx, tx)
+			applied, err = r.expireTx(wctx, tx)
 		default:
 			err = fmt.Errorf("unknown queue item kind %q", it.Kind)
 		}
-		if err == nil {
+		if err == nil && applied {
 			fired = append(fired, firedTimer{it.Kind, late})
 		}
 		return err
 	})
+	if err == nil {
+		// Before the steps that follow are handed out: whoever sees them
+		// done sees their timers counted.
+		for _, f := range fired {
+			r.cfg.Observer.TimerFired(f.kind, max(f.late, 0))
+		}
+	}
 	of.settle(err)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -546,9 +554,6 @@ func (r *Runtime) fireTimers(ctx context.Context, runs []string, read []*store.Q
 	}
 	for _, err := range errs {
 		r.log.Error("timer failed; retried after the lease", "err", err)
-	}
-	for _, f := range fired {
-		r.cfg.Observer.TimerFired(f.kind, max(f.late, 0))
 	}
 	for _, id := range expired {
 		r.abortRun(id)

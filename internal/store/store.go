@@ -217,6 +217,11 @@ type ClaimTasks struct {
 // it, when a matching task next becomes claimable.
 type Claim struct {
 	Tasks []*Task
+	// Since is, for each of Tasks, when it became claimable: its run_at,
+	// its last change while pending (created, retried, released), or the
+	// end of the expired lease the claim took over (metrics: how long
+	// tasks wait for workers).
+	Since []time.Time
 	// NextRead says Next and NextOK were read with the claim, which then
 	// found nothing claimable: they are what NextTaskDue returns at the
 	// claim's Now (NextOK false: no task becomes claimable later).

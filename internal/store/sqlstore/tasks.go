@@ -265,7 +265,7 @@ func (s *Store) ClaimOrNext(ctx context.Context, req store.ClaimTasks) (store.Cl
 			return c, err
 		}
 	}
-	var out []*store.Task
+	var out store.Claim
 	if s.d.Pipeline != nil {
 		out, err = s.claimPipelined(ctx, req, types, filter, fargs, tok, until)
 	} else {
@@ -274,8 +274,8 @@ func (s *Store) ClaimOrNext(ctx context.Context, req store.ClaimTasks) (store.Cl
 	if err != nil {
 		return store.Claim{}, err
 	}
-	s.claimFilled.Store(len(out) == req.Max)
-	return store.Claim{Tasks: out}, nil
+	s.claimFilled.Store(len(out.Tasks) == req.Max)
+	return out, nil
 }
 
 // claimReads are a claim's two index walks (see ClaimTasks), each
@@ -467,8 +467,8 @@ func addCands(cands *[]lockedTask, rows PipeRows) error {
 
 // claimInTx claims in a write transaction: the walks read the candidates
 // whole, lease decides in memory, and the changeset writes the leases.
-func (s *Store) claimInTx(ctx context.Context, req store.ClaimTasks, types []string, filter string, fargs []any, tok string, until time.Time) ([]*store.Task, error) {
-	var out []*store.Task
+func (s *Store) claimInTx(ctx context.Context, req store.ClaimTasks, types []string, filter string, fargs []any, tok string, until time.Time) (store.Claim, error) {
+	var out store.Claim
 	var cs *changeset
 	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		var cands []lockedTask
@@ -498,20 +498,20 @@ func (s *Store) claimInTx(ctx context.Context, req store.ClaimTasks, types []str
 // (SKIP LOCKED) and reading them whole; the claim decided in memory; the
 // leases and their events written with COMMIT. A claim in a plain
 // transaction took six (begin, the walks, the update, the events, commit).
-func (s *Store) claimPipelined(ctx context.Context, req store.ClaimTasks, types []string, filter string, fargs []any, tok string, until time.Time) ([]*store.Task, error) {
+func (s *Store) claimPipelined(ctx context.Context, req store.ClaimTasks, types []string, filter string, fargs []any, tok string, until time.Time) (store.Claim, error) {
 	var cands []lockedTask
 	qs := s.claimReads(req, types, filter, fargs)
 	for i := range qs {
 		qs[i].Custom = true
 		qs[i].Rows = func(r PipeRows) error { return addCands(&cands, r) }
 	}
-	var out []*store.Task
+	var out store.Claim
 	cs, err := s.pipelined(ctx, nil, req.Now, qs, func(cs *changeset, _ map[string]*runTx) ([]PipeQuery, error) {
 		out = s.lease(ctx, cs, cands, req, tok, until)
 		return nil, nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("claim tasks: %w", err)
+		return store.Claim{}, fmt.Errorf("claim tasks: %w", err)
 	}
 	// The leased tasks go to the task cache (their reports then need not
 	// read them), and the claim's note (see lease) to the commit hook.
@@ -521,17 +521,25 @@ func (s *Store) claimPipelined(ctx context.Context, req store.ClaimTasks, types 
 
 // lease leases the first req.Max of the candidates (read and locked by a
 // claim's walks) in cs, with their events: lease_expired for a lease that
-// ran out, then claimed.
-func (s *Store) lease(ctx context.Context, cs *changeset, cands []lockedTask, req store.ClaimTasks, tok string, until time.Time) []*store.Task {
+// ran out, then claimed. The claim's Since is when each became claimable.
+func (s *Store) lease(ctx context.Context, cs *changeset, cands []lockedTask, req store.ClaimTasks, tok string, until time.Time) store.Claim {
 	// Times as stored (microseconds), so the tasks handed out equal what
 	// a read returns.
 	now := fromTS(ts(req.Now))
 	until = fromTS(ts(until))
 	sort.Slice(cands, func(i, j int) bool { return claimOrder(cands[i].task, cands[j].task) })
-	var out []*store.Task
+	var out store.Claim
 	for _, lt := range cands[:min(len(cands), req.Max)] {
 		t, seq := lt.task, lt.seq
 		t.Reclaimed = t.Status == status.TaskLeased
+		since := t.RunAt
+		switch {
+		case t.Reclaimed && t.LeaseUntil != nil:
+			since = *t.LeaseUntil
+		case t.UpdatedAt.After(since): // created, retried or released since
+			since = t.UpdatedAt
+		}
+		out.Since = append(out.Since, since)
 		if t.Reclaimed {
 			seq++
 			cs.events = append(cs.events, eventRow{owner: t.ID, seq: seq, typ: "lease_expired", data: mustJSON(map[string]any{"attempt": t.Attempt}), at: ts(now), cap: taskRowEvents})
@@ -543,9 +551,9 @@ func (s *Store) lease(ctx context.Context, cs *changeset, cands []lockedTask, re
 		seq++
 		cs.events = append(cs.events, eventRow{owner: t.ID, seq: seq, typ: "claimed", data: mustJSON(map[string]any{"worker_id": req.WorkerID, "attempt": t.Attempt, "lease_until": until.UTC()}), at: ts(now), cap: taskRowEvents})
 		cs.task(&taskTx{s: s, ctx: ctx, cs: cs, task: t, now: now, seq: seq})
-		out = append(out, t)
+		out.Tasks = append(out.Tasks, t)
 	}
-	if len(cands) > len(out) && s.d.SkipLocked != "" {
+	if len(cands) > len(out.Tasks) && s.d.SkipLocked != "" {
 		// The rest were locked until this commits, so a claim at the same
 		// time skipped them and may be waiting while they are claimable:
 		// wake it.

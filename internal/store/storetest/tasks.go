@@ -56,6 +56,7 @@ var taskTests = []test{
 	{"FailedReportOnDueTaskWakesClaims", testFailedReportOnDueTask},
 	{"TaskTypes", testTaskTypes},
 	{"EventsCountedAsCommitted", testEventsCounted},
+	{"ClaimSaysWhenClaimable", testClaimSince},
 }
 
 // newTask is a pending standalone task of typ, due at runAt.
@@ -1987,4 +1988,47 @@ func testEventsCounted(t *testing.T, s store.Store) {
 	mu.Lock()
 	defer mu.Unlock()
 	diff(t, "events counted at commits against the logs", want, got)
+}
+
+// testClaimSince: a claim says when each task it took became claimable:
+// its run_at, its last change while pending (a release, a retry), or the
+// end of the expired lease it took over.
+func testClaimSince(t *testing.T, s store.Store) {
+	claim := func(now time.Time) (*store.Task, time.Time) {
+		t.Helper()
+		c, err := s.ClaimOrNext(t.Context(), store.ClaimTasks{Patterns: []string{"since.a.v1"}, WorkerID: "w", Lease: time.Minute, Max: 1, Now: now})
+		must(t, err, "ClaimOrNext")
+		if len(c.Tasks) != 1 || len(c.Since) != 1 {
+			t.Fatalf("claim at %v: %d tasks, %d moments; want one of each", now, len(c.Tasks), len(c.Since))
+		}
+		return c.Tasks[0], c.Since[0]
+	}
+	pend := func(k *store.Task, now, runAt time.Time) {
+		t.Helper()
+		must(t, s.InTask(t.Context(), k.ID, now, func(tx store.TaskTx) error {
+			u := *tx.Task()
+			u.Status, u.RunAt, u.LeasedBy, u.LeaseToken, u.LeaseUntil, u.UpdatedAt = status.TaskPending, runAt, "", "", nil, now
+			return tx.UpdateTask(&u)
+		}), "InTask")
+	}
+	k := mkTask(t, s, newTask("since.a.v1", at(-time.Minute)), t0) // run_at in the past
+	if _, since := claim(at(time.Second)); !since.Equal(t0) {
+		t.Errorf("created at t0 with run_at before: since %v, want its creation %v", since, t0)
+	}
+	pend(k, at(2*time.Second), at(time.Second)) // released: pending from its change
+	if _, since := claim(at(3 * time.Second)); !since.Equal(at(2 * time.Second)) {
+		t.Errorf("released at +2s: since %v, want %v", since, at(2*time.Second))
+	}
+	pend(k, at(4*time.Second), at(10*time.Second)) // retried with a backoff
+	got, since := claim(at(11 * time.Second))
+	if !since.Equal(at(10 * time.Second)) {
+		t.Errorf("retried, due at +10s: since %v, want %v", since, at(10*time.Second))
+	}
+	// Its lease ends at +71s; a claim at +80s takes it over.
+	if got.LeaseUntil == nil || !got.LeaseUntil.Equal(at(71*time.Second)) {
+		t.Fatalf("lease until %v, want %v", got.LeaseUntil, at(71*time.Second))
+	}
+	if got, since := claim(at(80 * time.Second)); !got.Reclaimed || !since.Equal(at(71*time.Second)) {
+		t.Errorf("reclaimed at +80s: reclaimed %v, since %v, want the old lease's end %v", got.Reclaimed, since, at(71*time.Second))
+	}
 }

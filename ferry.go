@@ -163,13 +163,14 @@ func newMetrics(st store.Store) *metrics.Metrics {
 	}
 	if s, ok := st.(interface {
 		OptimisticBatches() (written, stale, redecided int64)
+		OptimisticRereads() int64
 	}); ok && st.Dialect() == "postgres" {
-		for i, outcome := range []string{"written", "stale", "redecided"} {
+		for i, outcome := range []string{"written", "stale", "redecided", "reread"} {
 			m.Counter("ferry_optimistic_batches_total",
-				"Report batches and fire transactions decided on cached rows (Postgres), by outcome: written so, found stale at their write, or decided again the locking way before anything was sent.",
+				"Report batches and fire transactions decided on cached rows (Postgres), by outcome: written so, found stale at their write, decided again the locking way before anything was sent, or decided a second time on cached runs read afresh (another server had written them).",
 				map[string]string{"outcome": outcome}, func() float64 {
 					written, stale, redecided := s.OptimisticBatches()
-					return float64([...]int64{written, stale, redecided}[i])
+					return float64([...]int64{written, stale, redecided, s.OptimisticRereads()}[i])
 				})
 		}
 	}

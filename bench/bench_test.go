@@ -257,6 +257,10 @@ func TestSeveralNodes(t *testing.T) {
 		if r.Completed != n || r.Settings["nodes"] != 2 || !slices.Equal(split, []int{3, 2}) || len(tasks) != 2 || tasks[0]+tasks[1] != want || (w != "sleep" && (tasks[0] == 0 || tasks[1] == 0)) {
 			t.Errorf("%s: completed %d, settings %v", w, r.Completed, r.Settings)
 		}
+		// Both nodes' batches are summed: every task was reported in one.
+		if ob, _ := r.Settings["optimistic_batches"].(map[string]int64); ob["written"]+ob["redecided"]+ob["stale"] == 0 {
+			t.Errorf("%s: optimistic_batches %v, want the nodes' batches", w, r.Settings["optimistic_batches"])
+		}
 	}
 	for _, o := range []Options{
 		{Workload: "jobs", Database: "sqlite", Nodes: 2},

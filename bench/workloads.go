@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/internal/status"
 	"github.com/ferryhq/ferry/internal/store"
 	"github.com/ferryhq/ferry/worker"
@@ -142,7 +143,38 @@ func result(name string, e *env, o Options) Result {
 	if e.nodeTasks != nil {
 		e.settings["node_tasks"] = e.nodeTasks()
 	}
+	if ob := optimisticBatches(e.engs); ob != nil {
+		e.settings["optimistic_batches"] = ob
+	}
 	return Result{Workload: name, Backend: e.backend, N: o.N, Settings: e.settings}
+}
+
+// optimisticBatches sums the engines' report batches and fire
+// transactions decided on cached rows (Postgres; nil on SQLite), by
+// outcome: written, found stale at their write, decided again the locking
+// way first, decided again on cached runs read afresh (see the metric
+// ferry_optimistic_batches_total). Several nodes writing the same runs
+// show as stale and reread ones.
+func optimisticBatches(engs []*ferry.Engine) map[string]int64 {
+	var out map[string]int64
+	for _, eng := range engs {
+		s, ok := eng.Store().(interface {
+			OptimisticBatches() (written, stale, redecided int64)
+			OptimisticRereads() int64
+		})
+		if !ok || eng.Store().Dialect() != "postgres" {
+			continue
+		}
+		if out == nil {
+			out = map[string]int64{}
+		}
+		w, st, r := s.OptimisticBatches()
+		out["written"] += w
+		out["stale"] += st
+		out["redecided"] += r
+		out["reread"] += s.OptimisticRereads()
+	}
+	return out
 }
 
 // drive applies a workflow, creates o.N runs, waits for all of them and

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -65,8 +66,14 @@ type Store struct {
 	everything atomic.Bool
 	pub        chan struct{}
 	stop       chan struct{}
-	pubDone    sync.WaitGroup
-	closeOnce  sync.Once
+	// peers are the other nodes of this scope heard from, with when
+	// (since base); share is the timer share they make, computed at most
+	// every shareEvery (see timerShare).
+	peersMu   sync.Mutex
+	peers     map[string]int64
+	share     atomic.Pointer[share]
+	pubDone   sync.WaitGroup
+	closeOnce sync.Once
 }
 
 // analyzeColumns are the columns the statistics refresh summarizes, by
@@ -166,7 +173,8 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 		_ = s.Close()
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
-	st := &Store{Store: s, dsn: dsn, node: rand.Text(), scope: scope, base: time.Now(), now: time.Now, pub: make(chan struct{}, 1), stop: make(chan struct{})}
+	st := &Store{Store: s, dsn: dsn, node: rand.Text(), scope: scope, base: time.Now(), now: time.Now, pub: make(chan struct{}, 1), stop: make(chan struct{}), peers: map[string]int64{}}
+	s.ShareTimers(st.timerShare)
 	st.heard.Store(math.MinInt64 / 2) // no other node heard yet
 	st.self.Store(math.MinInt64 / 2)  // not alone before its first hello is back
 	st.pubDone.Add(1)
@@ -311,6 +319,58 @@ func (s *Store) heardPeer(hello bool) {
 	}
 }
 
+// share is this node's place among the nodes it knows of: the index of
+// its id among all their ids in order, and how many there are.
+type share struct {
+	index, of int
+	at        int64 // when computed (since base)
+}
+
+// shareEvery is how long a computed timer share is used: nodes that go
+// quiet leave it only after peerTTL anyway.
+const shareEvery = time.Second
+
+// heardFrom records a notification of another node: a node not counted
+// in the timer share yet is counted at the next read of due timers.
+func (s *Store) heardFrom(node string) {
+	s.peersMu.Lock()
+	_, known := s.peers[node]
+	s.peers[node] = s.since()
+	s.peersMu.Unlock()
+	if !known {
+		s.share.Store(nil)
+	}
+}
+
+// timerShare is this node's share of the due timers (see
+// sqlstore.Store.ShareTimers): the nodes are this one and those heard
+// within peerTTL, ordered by id. A node is heard at its hello (when its
+// listener starts and every helloEvery) and at each of its commits'
+// notifications, so a newcomer counts at once, and one that stopped
+// counts until peerTTL has passed: its share is fired late by
+// TimerShareGrace meanwhile. Nodes disagree only in such moments, and
+// then fire some timers both, as every node did before shares.
+func (s *Store) timerShare() (index, of int) {
+	now := s.since()
+	if sh := s.share.Load(); sh != nil && now-sh.at < int64(shareEvery) {
+		return sh.index, sh.of
+	}
+	s.peersMu.Lock()
+	ids := []string{s.node}
+	for id, at := range s.peers {
+		if now-at > int64(peerTTL) {
+			delete(s.peers, id)
+			continue
+		}
+		ids = append(ids, id)
+	}
+	s.peersMu.Unlock()
+	slices.Sort(ids)
+	sh := &share{index: slices.Index(ids, s.node), of: len(ids), at: now}
+	s.share.Store(sh)
+	return sh.index, sh.of
+}
+
 // Close stops the publisher and closes the pools.
 func (s *Store) Close() error {
 	var err error
@@ -419,6 +479,7 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
 			continue // this node woke itself already
 		}
 		s.heardPeer(hello)
+		s.heardFrom(node)
 		if hello {
 			continue // a node saying it is there, not work
 		}

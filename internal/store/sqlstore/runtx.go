@@ -465,22 +465,36 @@ func expiryItem(runID string, expires time.Time) *store.QueueItem {
 // and the walks are merged, so the read costs max rows whatever else is
 // queued; a single walk over all kinds would sort every due item.
 func (s *Store) DueTimers(ctx context.Context, now, until time.Time, max int, skip ...string) ([]*store.QueueItem, error) {
-	// not leaves out the runs to skip (as col) from one part.
-	not := func(col string) (string, []any) {
-		if len(skip) == 0 {
-			return "", nil
+	share, shared := "", []any(nil)
+	if fn := s.share.Load(); fn != nil {
+		if index, of := (*fn)(); of > 1 {
+			// Only the runs of this server's share, and the others'
+			// once they are overdue by TimerShareGrace (see ShareTimers).
+			share, shared = ` AND (%[1]s <= ? OR (hashtext(%[2]s) & 2147483647) %% ? = ?)`, []any{ts(now.Add(-TimerShareGrace)), of, index}
 		}
-		cond, args := s.inStrings(col, skip)
-		return ` AND NOT (` + cond + `)`, args
+	}
+	// not leaves out the runs to skip (as col) from one part, and the
+	// runs of other servers' shares (due as at, run id as col).
+	not := func(at, col string) (string, []any) {
+		var cond string
+		var args []any
+		if len(skip) > 0 {
+			c, a := s.inStrings(col, skip)
+			cond, args = ` AND NOT (`+c+`)`, a
+		}
+		if share != "" {
+			cond, args = cond+fmt.Sprintf(share, at, col), append(args, shared...)
+		}
+		return cond, args
 	}
 	var parts []string
 	var args []any
 	for i, k := range queueTimers {
-		cond, skipArgs := not("run_id")
+		cond, skipArgs := not("due_at", "run_id")
 		parts = append(parts, fmt.Sprintf(`SELECT * FROM (SELECT id, kind, run_id, step, attempt, due_at FROM queue WHERE kind = ? AND due_at <= ? AND (lease_until IS NULL OR lease_until <= ?)%s ORDER BY due_at, id LIMIT ?) t%d`, cond, i))
 		args = append(append(append(args, k, ts(until), ts(now)), skipArgs...), max)
 	}
-	cond, skipArgs := not("id")
+	cond, skipArgs := not("expires_at", "id")
 	parts = append(parts, `SELECT * FROM (SELECT 0 AS id, '`+store.KindRunExpire+`' AS kind, id AS run_id, '' AS step, 0 AS attempt, expires_at AS due_at FROM runs WHERE `+runsExpiring+` AND expires_at <= ?`+cond+` ORDER BY expires_at LIMIT ?) x`)
 	args = append(append(append(args, ts(until)), skipArgs...), max)
 	rows, err := s.r.QueryContext(ctx, s.q(strings.Join(parts, ` UNION ALL `)+` ORDER BY due_at, id LIMIT ?`), append(args, max)...)
@@ -490,6 +504,24 @@ func (s *Store) DueTimers(ctx context.Context, now, until time.Time, max int, sk
 	defer rows.Close()
 	return scanQueueItems(rows)
 }
+
+// TimerShareGrace is how overdue another server's timers must be before
+// this one fires them too (see ShareTimers): a server that stopped, or
+// fell that far behind, has its share taken over by the others.
+const TimerShareGrace = 250 * time.Millisecond
+
+// ShareTimers makes DueTimers read only this server's share of the due
+// timers, and the other servers' once they are TimerShareGrace overdue:
+// fn says which share is this server's (index) among how many (of; 1 or
+// less, all of them). A run's timers belong to share hashtext(run id) mod
+// of (Postgres only; the servers sharing a database hash alike). Two
+// servers reading the same due timers fired the same runs, and all but
+// one of each run's transactions failed their guarded write and were
+// decided again: 570 of a sleep run's 1,900 fire transactions with two
+// nodes (twenty-ninth pass of docs/performance.md). A server that has not
+// heard of another yet, or still counts one that stopped, only fires
+// what the other would also fire, or fires that share late by the grace.
+func (s *Store) ShareTimers(fn func() (index, of int)) { s.share.Store(&fn) }
 
 // FireTimers applies the due timer items (wake, wait_timeout, run_expire)
 // of runIDs in one transaction: it locks the runs, takes their items that

@@ -85,6 +85,7 @@ type Store struct {
 	tcache  *taskCache    // Postgres: the tasks this store leased, by row version
 	hook    atomic.Pointer[func(store.Committed)]
 	evHook  atomic.Pointer[func([]store.EventCount)]
+	share   atomic.Pointer[func() (index, of int)] // see ShareTimers
 
 	written    [len(AnalyzeTables)]atomic.Int64 // rows this server inserted, by table
 	analyzedAt [len(AnalyzeTables)]atomic.Int64 // written at the table's last ANALYZE

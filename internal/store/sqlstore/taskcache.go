@@ -20,8 +20,10 @@ type taskCache struct {
 	m  taskEntries
 	// hits, stale and ineligible count the report batches and fire
 	// transactions written from the caches, found changed at their write,
-	// and decided again before anything was sent (OptimisticBatches).
-	hits, stale, ineligible atomic.Int64
+	// and decided again before anything was sent (OptimisticBatches);
+	// reread those decided again on their cached runs read afresh
+	// (OptimisticRereads).
+	hits, stale, ineligible, reread atomic.Int64
 }
 
 // taskEntries are cached tasks, bounded by count (taskCacheMax); SQLite's

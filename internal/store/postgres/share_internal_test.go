@@ -1,0 +1,170 @@
+package postgres
+
+import (
+	"encoding/json"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/status"
+	"github.com/ferryhq/ferry/internal/store"
+	"github.com/ferryhq/ferry/internal/store/postgres/pgtest"
+	"github.com/ferryhq/ferry/internal/store/sqlstore"
+)
+
+// TestTimerShares: two nodes that hear each other read disjoint shares of
+// the due timers, together all of them; a timer overdue by the grace is
+// read by both (its node may have stopped); a node alone reads them all.
+func TestTimerShares(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	a, wf := withWorkflow(t, dsn, "share")
+	b := openNode(t, dsn)
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	var due, overdue []string
+	for i := range 40 {
+		at := now
+		if i >= 30 {
+			at = now.Add(-2 * sqlstore.TimerShareGrace)
+		}
+		r, _, err := a.CreateRun(t.Context(), &store.NewRun{
+			Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: now.Add(time.Hour), StartedAt: now},
+			Steps: []*store.StepRun{{Name: "nap", Type: "sleep", Status: status.StepSleeping}},
+			Queue: []store.QueueItem{{Kind: store.KindWake, Step: "nap", DueAt: at}},
+		}, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i >= 30 {
+			overdue = append(overdue, r.ID)
+		} else {
+			due = append(due, r.ID)
+		}
+	}
+	read := func(s *Store) []string {
+		t.Helper()
+		items, err := s.DueTimers(t.Context(), now, now.Add(time.Second), 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var runs []string
+		for _, it := range items {
+			runs = append(runs, it.RunID)
+		}
+		slices.Sort(runs)
+		return runs
+	}
+	all := slices.Sorted(slices.Values(append(slices.Clone(due), overdue...)))
+	if got := read(a); !slices.Equal(got, all) {
+		t.Fatalf("a node that heard no other read %d of the %d due timers", len(got), len(all))
+	}
+
+	listen(t, a)
+	listen(t, b)
+	poll(t, "each node counts the other in its share", func() bool {
+		_, ofA := a.timerShare()
+		_, ofB := b.timerShare()
+		return ofA == 2 && ofB == 2
+	})
+	ia, _ := a.timerShare()
+	ib, _ := b.timerShare()
+	if ia == ib {
+		t.Fatalf("both nodes took share %d", ia)
+	}
+	ra, rb := read(a), read(b)
+	for _, id := range overdue {
+		if !slices.Contains(ra, id) || !slices.Contains(rb, id) {
+			t.Errorf("overdue timer of run %s: read by a %v, by b %v; want both", id, slices.Contains(ra, id), slices.Contains(rb, id))
+		}
+	}
+	var mine [2]int
+	for _, id := range due {
+		inA, inB := slices.Contains(ra, id), slices.Contains(rb, id)
+		if inA == inB {
+			t.Errorf("timer of run %s due now: read by a %v, by b %v; want exactly one", id, inA, inB)
+		}
+		if inA {
+			mine[0]++
+		} else {
+			mine[1]++
+		}
+	}
+	if mine[0] == 0 || mine[1] == 0 {
+		t.Errorf("shares of the 30 timers due now: %v; want both nodes to have some", mine)
+	}
+}
+
+// TestOptimisticBatchRereadsRunWrittenElsewhere: a report decided on a
+// cached run that another node has since moved on (it started the step
+// the report finishes, as a node firing the run's timer does), which on
+// the stale copy would leave the run unwritten, is decided once more on
+// the run read afresh and written in one go, not the locking way.
+func TestOptimisticBatchRereadsRunWrittenElsewhere(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	a, wf := withWorkflow(t, oneWriter(t, dsn), "reread")
+	b := openNode(t, dsn)
+	ctx := t.Context()
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	run, _, err := a.CreateRun(ctx, &store.NewRun{
+		Run: store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: now.Add(time.Hour), StartedAt: now},
+		Steps: []*store.StepRun{
+			{Name: "a", Type: "task", Status: status.StepRunning},
+			{Name: "b", Position: 1, Type: "task", Status: status.StepPending},
+		},
+		Tasks: []*store.Task{
+			{Type: "reread.x.v1", Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: now, Step: "a"},
+			{Type: "reread.x.v1", Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: now, Step: "b"},
+		},
+	}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimed, err := a.ClaimTasks(ctx, store.ClaimTasks{Patterns: []string{"reread.x.v1"}, WorkerID: "w", Lease: time.Minute, Max: 2, Now: now})
+	if err != nil || len(claimed) != 2 {
+		t.Fatalf("claim: %v (%d tasks)", err, len(claimed))
+	}
+	ks := map[string]*store.Task{}
+	for _, k := range claimed {
+		ks[k.Step] = k
+	}
+	var calls int
+	if err := succeed(t, a, run, ks["a"], now, &calls); err != nil { // a caches the run
+		t.Fatal(err)
+	}
+	if err := b.InRun(ctx, run.ID, now, func(tx store.RunTx) error {
+		st := tx.Step("b")
+		st.Status = status.StepRunning
+		return tx.UpdateStep(st)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	before := counts(a)
+	rereads := a.OptimisticRereads()
+	calls = 0
+	// The report finishes step b only if it is running; otherwise it
+	// records the task alone, which leaves the run it read unwritten.
+	errs, err := a.InTasks(ctx, []string{ks["b"].ID}, map[string]string{ks["b"].ID: run.ID}, now, func(_ int, tx store.TaskTx) error {
+		calls++
+		if tx.Run().Step("b").Status != status.StepRunning {
+			k := tx.Task()
+			k.Status = status.TaskSucceeded
+			return tx.UpdateTask(k)
+		}
+		return succeedStep(tx)
+	})
+	if err == nil {
+		err = errs[0]
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if calls != 2 {
+		t.Errorf("the report was decided %d times, want twice (cached, then read afresh)", calls)
+	}
+	if got := counts(a); got.written != before.written+1 || got.redecided != before.redecided || got.stale != before.stale {
+		t.Errorf("optimistic batches %+v after %+v, want one more written, none the locking way", got, before)
+	}
+	if got := a.OptimisticRereads(); got != rereads+1 {
+		t.Errorf("rereads %d, want %d", got, rereads+1)
+	}
+	wantSteps(t, a, run.ID, map[string]string{"a": status.StepSuccess, "b": status.StepSuccess})
+}

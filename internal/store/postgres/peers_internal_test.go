@@ -77,8 +77,9 @@ func TestLoneNodeNotifiesNoOne(t *testing.T) {
 		}
 	})
 	wakeB, stopB := listen(t, b)
-	got := waitFor(t, heard, b.node) // b's answer, the last of the exchange
-	want := []string{helloPrefix + b.node, a.node, b.node}
+	// Wake-ups for everything from listening nodes say they run (hi/).
+	got := waitFor(t, heard, hiPrefix+b.node) // b's answer, the last of the exchange
+	want := []string{helloPrefix + b.node, hiPrefix + a.node, hiPrefix + b.node}
 	if !slices.Equal(got, want) {
 		t.Fatalf("notifications after a's hello = %q, want %q (b's hello, a's wake-up, b's): a alone announced nothing", got, want)
 	}
@@ -102,13 +103,13 @@ func TestLoneNodeNotifiesNoOne(t *testing.T) {
 	// A third node, while a and b know each other: both answer its hello.
 	c := openNode(t, dsn)
 	_, stopC := listen(t, c)
-	got = waitFor(t, heard, c.node) // c's answer to the first of theirs
+	got = waitFor(t, heard, hiPrefix+c.node) // c's answer to the first of theirs
 	for _, n := range []string{helloPrefix + c.node} {
 		if !slices.Contains(got, n) {
 			t.Fatalf("notifications after c started = %q, want %q among them", got, n)
 		}
 	}
-	if !slices.Contains(got, a.node) && !slices.Contains(got, b.node) {
+	if !slices.Contains(got, hiPrefix+a.node) && !slices.Contains(got, hiPrefix+b.node) {
 		t.Fatalf("notifications after c started = %q: neither a nor b answered c's hello", got)
 	}
 	poll(t, "c to hear c's own hello", func() bool { return c.self.Load() >= 0 })

@@ -72,6 +72,7 @@ type Store struct {
 	peersMu   sync.Mutex
 	peers     map[string]int64
 	share     atomic.Pointer[share]
+	helloed   atomic.Bool // it said hello once: others may count it
 	pubDone   sync.WaitGroup
 	closeOnce sync.Once
 }
@@ -250,11 +251,17 @@ func (s *Store) publish() {
 				s.quiet.Add(1)
 				continue
 			}
-			if !everything {
+			switch {
+			case !everything:
 				if ready.empty() {
 					continue // the last NOTIFY took this commit's
 				}
 				payload = s.node + "?" + ready.encode() + ":" + s.scope
+			case s.listening.Load():
+				// A running node's wake-up for everything (an answer
+				// to a hello, among others) says it runs: a newcomer
+				// counts it in the timer share at once.
+				payload = hiPrefix + payload
 			}
 		}
 		if !s.notify(payload) {
@@ -279,6 +286,13 @@ const (
 	// helloPrefix marks a node's hello; nodes before it take a hello for
 	// a commit's wake-up, which is harmless.
 	helloPrefix = "hello/"
+	// byePrefix marks a node's goodbye (its Close): the others stop
+	// counting it in the timer share at once. Nodes before it take it
+	// for a commit's wake-up.
+	byePrefix = "bye/"
+	// hiPrefix marks a listening node's wake-up for everything: it runs
+	// (see timerShare). Nodes before it take it for any wake-up.
+	hiPrefix = "hi/"
 	// helloSQL is the listener's first hello, after LISTEN.
 	helloSQL = "SELECT pg_notify($1, '" + helloPrefix + "' || $2)"
 )
@@ -330,32 +344,46 @@ type share struct {
 // quiet leave it only after peerTTL anyway.
 const shareEvery = time.Second
 
-// heardFrom records a notification of another node: a node not counted
-// in the timer share yet is counted at the next read of due timers.
+// heardFrom records another node's hello, or its wake-up for everything
+// while it listens: a node not counted in the timer share yet is counted
+// at the next read of due timers.
 func (s *Store) heardFrom(node string) {
 	s.peersMu.Lock()
-	_, known := s.peers[node]
+	defer s.peersMu.Unlock()
+	if _, known := s.peers[node]; !known {
+		s.share.Store(nil)
+	}
 	s.peers[node] = s.since()
-	s.peersMu.Unlock()
-	if !known {
+}
+
+// left forgets a node that said goodbye.
+func (s *Store) left(node string) {
+	s.peersMu.Lock()
+	defer s.peersMu.Unlock()
+	if _, known := s.peers[node]; known {
+		delete(s.peers, node)
 		s.share.Store(nil)
 	}
 }
 
 // timerShare is this node's share of the due timers (see
-// sqlstore.Store.ShareTimers): the nodes are this one and those heard
-// within peerTTL, ordered by id. A node is heard at its hello (when its
-// listener starts and every helloEvery) and at each of its commits'
-// notifications, so a newcomer counts at once, and one that stopped
-// counts until peerTTL has passed: its share is fired late by
-// TimerShareGrace meanwhile. Nodes disagree only in such moments, and
-// then fire some timers both, as every node did before shares.
+// sqlstore.Store.ShareTimers): the nodes are this one and those whose
+// hello (or wake-up for everything while it listens, hiPrefix) it heard
+// within peerTTL, ordered by id. Only those count: a node says hello when
+// its listener starts and every helloEvery, and listens only while it
+// runs (its timer loop with it), while a process that only writes (an
+// engine opened without Run) notifies its commits and must own no share.
+// A newcomer counts for the others at its hello, and they for it at
+// their answers to it; a node that closes says goodbye and leaves the
+// share at once, and one that died counts until peerTTL has passed: its
+// share is fired late by TimerShareGrace meanwhile.
 func (s *Store) timerShare() (index, of int) {
 	now := s.since()
 	if sh := s.share.Load(); sh != nil && now-sh.at < int64(shareEvery) {
 		return sh.index, sh.of
 	}
 	s.peersMu.Lock()
+	defer s.peersMu.Unlock() // a node heard meanwhile resets what is stored
 	ids := []string{s.node}
 	for id, at := range s.peers {
 		if now-at > int64(peerTTL) {
@@ -364,19 +392,24 @@ func (s *Store) timerShare() (index, of int) {
 		}
 		ids = append(ids, id)
 	}
-	s.peersMu.Unlock()
 	slices.Sort(ids)
 	sh := &share{index: slices.Index(ids, s.node), of: len(ids), at: now}
 	s.share.Store(sh)
 	return sh.index, sh.of
 }
 
-// Close stops the publisher and closes the pools.
+// Close says goodbye to the other nodes, stops the publisher and closes
+// the pools.
 func (s *Store) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
 		close(s.stop)
 		s.pubDone.Wait()
+		// After the publisher's last notification: one sent after the
+		// goodbye would count this node again.
+		if s.helloed.Load() {
+			s.notify(byePrefix + s.node + ":" + s.scope)
+		}
 		err = s.Store.Close()
 	})
 	return err
@@ -454,6 +487,7 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
 	if _, err := conn.Exec(ctx, helloSQL, channel, s.node+":"+s.scope); err != nil {
 		return err
 	}
+	s.helloed.Store(true)
 	for {
 		wctx, cancel := context.WithTimeout(ctx, silence)
 		n, err := conn.WaitForNotification(wctx)
@@ -465,6 +499,8 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
 			return err
 		}
 		payload, hello := strings.CutPrefix(n.Payload, helloPrefix)
+		payload, hi := strings.CutPrefix(payload, hiPrefix)
+		payload, bye := strings.CutPrefix(payload, byePrefix)
 		node, scope, _ := strings.Cut(payload, ":") // a node id has no ':'
 		if scope != s.scope {
 			continue // another deployment's
@@ -478,8 +514,14 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
 			}
 			continue // this node woke itself already
 		}
+		if bye {
+			s.left(node)
+			continue
+		}
 		s.heardPeer(hello)
-		s.heardFrom(node)
+		if hello || hi {
+			s.heardFrom(node)
+		}
 		if hello {
 			continue // a node saying it is there, not work
 		}

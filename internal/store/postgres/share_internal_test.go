@@ -42,7 +42,7 @@ func TestTimerShares(t *testing.T) {
 	}
 	read := func(s *Store) []string {
 		t.Helper()
-		items, err := s.DueTimers(t.Context(), now, now.Add(time.Second), 1000)
+		items, err := s.DueTimers(t.Context(), now, now, 1000)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -71,6 +71,36 @@ func TestTimerShares(t *testing.T) {
 		t.Fatalf("both nodes took share %d", ia)
 	}
 	ra, rb := read(a), read(b)
+	// When the next timer is: a node's own at its due time, the other's
+	// once the grace has passed.
+	next := func(s *Store, after time.Time) time.Time {
+		t.Helper()
+		at, ok, err := s.NextDue(t.Context(), after, store.TimerKinds...)
+		if err != nil || !ok {
+			t.Fatalf("NextDue: %v %v", at, err)
+		}
+		return at
+	}
+	later := now.Add(90 * time.Minute) // past the other runs' expiry
+	r, _, err := a.CreateRun(t.Context(), &store.NewRun{
+		Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: now.Add(3 * time.Hour), StartedAt: now},
+		Steps: []*store.StepRun{{Name: "nap", Type: "sleep", Status: status.StepSleeping}},
+		Queue: []store.QueueItem{{Kind: store.KindWake, Step: "nap", DueAt: later}},
+	}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner, other := a, b
+	if items, _ := b.DueTimers(t.Context(), later, later, 1000); slices.ContainsFunc(items, func(it *store.QueueItem) bool { return it.RunID == r.ID }) {
+		owner, other = b, a
+	}
+	after := now.Add(61 * time.Minute)
+	if got := next(owner, after); !got.Equal(later) {
+		t.Errorf("the owner's next timer: %v, want %v", got, later)
+	}
+	if got := next(other, after); !got.Equal(later.Add(sqlstore.TimerShareGrace)) {
+		t.Errorf("the other node's next timer: %v, want %v (the grace after)", got, later.Add(sqlstore.TimerShareGrace))
+	}
 	for _, id := range overdue {
 		if !slices.Contains(ra, id) || !slices.Contains(rb, id) {
 			t.Errorf("overdue timer of run %s: read by a %v, by b %v; want both", id, slices.Contains(ra, id), slices.Contains(rb, id))
@@ -130,6 +160,10 @@ func TestOptimisticBatchRereadsRunWrittenElsewhere(t *testing.T) {
 	if err := succeed(t, a, run, ks["a"], now, &calls); err != nil { // a caches the run
 		t.Fatal(err)
 	}
+	// Alone, a store does not suspect its cached runs: a hears b first.
+	listen(t, a)
+	listen(t, b)
+	poll(t, "a counts b", func() bool { _, of := a.timerShare(); return of == 2 })
 	if err := b.InRun(ctx, run.ID, now, func(tx store.RunTx) error {
 		st := tx.Step("b")
 		st.Status = status.StepRunning
@@ -167,4 +201,36 @@ func TestOptimisticBatchRereadsRunWrittenElsewhere(t *testing.T) {
 		t.Errorf("rereads %d, want %d", got, rereads+1)
 	}
 	wantSteps(t, a, run.ID, map[string]string{"a": status.StepSuccess, "b": status.StepSuccess})
+}
+
+// TestTimerShareCountsRunningNodes: only nodes that listen (they run their
+// timer loop) count in the share, heard by their hellos; a store that
+// only writes and notifies its commits owns no share, and a node that
+// closes leaves the others' share at once.
+func TestTimerShareCountsRunningNodes(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	a, wf := withWorkflow(t, dsn, "members")
+	writer := openNode(t, dsn) // never listens
+	listen(t, a)
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	for range 3 {
+		if _, _, err := writer.CreateRun(t.Context(), &store.NewRun{
+			Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: now.Add(time.Hour), StartedAt: now},
+			Queue: []store.QueueItem{{Kind: store.KindWake, Step: "nap", DueAt: now}},
+		}, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	poll(t, "a hears the writer's commits", func() bool { return !a.alone() })
+	if _, of := a.timerShare(); of != 1 {
+		t.Fatalf("a counts %d nodes with a writer that never listens, want 1", of)
+	}
+	b := openNode(t, dsn)
+	listen(t, b)
+	poll(t, "a counts b", func() bool { _, of := a.timerShare(); return of == 2 })
+	poll(t, "b said hello", b.helloed.Load)
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "a drops b on its goodbye", func() bool { _, of := a.timerShare(); return of == 1 })
 }

@@ -100,10 +100,9 @@ func (s *Store) optimistic(ctx context.Context, runIDs, taskIDs []string, now ti
 			return nil, false, err
 		}
 	}
-	cached := slices.DeleteFunc(slices.Clone(runIDs), func(id string) bool { return slices.Contains(missRuns, id) })
 	cs := &changeset{versions: versions}
 	extra, ok := apply(ctx, cs, runs, tasks)
-	if (!ok || !guardable(cs, runs, tasks)) && len(cached) > 0 {
+	if _, of := s.timerShare(); (!ok || !guardable(cs, runs, tasks)) && of > 1 && len(missRuns) < len(runIDs) {
 		// Decided on a cached run that another server may have written
 		// since (with several servers, one fires a run's timer and
 		// another reports its next step): such a decision leaves the run
@@ -113,14 +112,20 @@ func (s *Store) optimistic(ctx context.Context, runIDs, taskIDs []string, now ti
 		// 770 of a sleep run's 2,600 report batches went the locking way
 		// for this (twenty-ninth pass).
 		// The decision changed the runs and tasks it was given in place:
-		// all of them are read again.
+		// all of them are read again. (Only with other servers about:
+		// alone, a cached run is not written behind this one's back.)
 		open = true
 		fresh, freshTasks, freshVersions := map[string]*runTx{}, map[string]lockedTask{}, map[string]string{}
 		if err := s.readUnlocked(ctx, conn, begin, runIDs, taskIDs, now, fresh, freshTasks, freshVersions); err != nil {
-			return nil, false, err
+			s.tcache.ineligible.Add(1)
+			return nil, false, nil // the locking way, on another connection
 		}
 		begin = nil
-		if slices.ContainsFunc(cached, func(id string) bool { return freshVersions[id] != versions[id] }) {
+		missed := make(map[string]bool, len(missRuns))
+		for _, id := range missRuns {
+			missed[id] = true
+		}
+		if slices.ContainsFunc(runIDs, func(id string) bool { return !missed[id] && freshVersions[id] != versions[id] }) {
 			s.tcache.reread.Add(1)
 			runs, tasks, versions = fresh, freshTasks, freshVersions
 			cs = &changeset{versions: versions}

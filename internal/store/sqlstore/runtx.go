@@ -9,6 +9,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -466,12 +467,11 @@ func expiryItem(runID string, expires time.Time) *store.QueueItem {
 // queued; a single walk over all kinds would sort every due item.
 func (s *Store) DueTimers(ctx context.Context, now, until time.Time, max int, skip ...string) ([]*store.QueueItem, error) {
 	share, shared := "", []any(nil)
-	if fn := s.share.Load(); fn != nil {
-		if index, of := (*fn)(); of > 1 {
-			// Only the runs of this server's share, and the others'
-			// once they are overdue by TimerShareGrace (see ShareTimers).
-			share, shared = ` AND (%[1]s <= ? OR (hashtext(%[2]s) & 2147483647) %% ? = ?)`, []any{ts(now.Add(-TimerShareGrace)), of, index}
-		}
+	if index, of := s.timerShare(); of > 1 {
+		// Only the runs of this server's share, and the others' that are
+		// TimerShareGrace overdue by the end of the read (see
+		// ShareTimers).
+		share, shared = ` AND (%[1]s <= ? OR `+shareHash+` %% ? = ?)`, []any{ts(until.Add(-TimerShareGrace)), of, index}
 	}
 	// not leaves out the runs to skip (as col) from one part, and the
 	// runs of other servers' shares (due as at, run id as col).
@@ -483,7 +483,7 @@ func (s *Store) DueTimers(ctx context.Context, now, until time.Time, max int, sk
 			cond, args = ` AND NOT (`+c+`)`, a
 		}
 		if share != "" {
-			cond, args = cond+fmt.Sprintf(share, at, col), append(args, shared...)
+			cond, args = cond+fmt.Sprintf(share, at, col, col), append(args, shared...)
 		}
 		return cond, args
 	}
@@ -505,6 +505,19 @@ func (s *Store) DueTimers(ctx context.Context, now, until time.Time, max int, sk
 	return scanQueueItems(rows)
 }
 
+// shareHash is a run's share among of servers (as %[3]s mod of), run id
+// as %[2]s: Postgres's hashtext, the same on every server of a database.
+const shareHash = `(hashtext(%[3]s) & 2147483647)`
+
+// timerShare is this server's share of the due timers (index among of;
+// of 1 or less: all of them).
+func (s *Store) timerShare() (index, of int) {
+	if fn := s.share.Load(); fn != nil {
+		return (*fn)()
+	}
+	return 0, 1
+}
+
 // TimerShareGrace is how overdue another server's timers must be before
 // this one fires them too (see ShareTimers): a server that stopped, or
 // fell that far behind, has its share taken over by the others.
@@ -518,9 +531,15 @@ const TimerShareGrace = 250 * time.Millisecond
 // servers reading the same due timers fired the same runs, and all but
 // one of each run's transactions failed their guarded write and were
 // decided again: 570 of a sleep run's 1,900 fire transactions with two
-// nodes (twenty-ninth pass of docs/performance.md). A server that has not
-// heard of another yet, or still counts one that stopped, only fires
-// what the other would also fire, or fires that share late by the grace.
+// nodes (twenty-ninth pass of docs/performance.md). NextDue answers the
+// same way (another server's timer is next at its due time plus the
+// grace), so a server wakes for its own timers and for the others' once
+// they are that late, not for every timer. A server that has not heard
+// of another yet fires what the other would also fire; one that still
+// counts a server that stopped fires that share late by the grace. In a
+// backlog deeper than the grace the servers help each other with the
+// oldest timers: at that depth finishing them matters more than the
+// transactions two servers may spend on one run.
 func (s *Store) ShareTimers(fn func() (index, of int)) { s.share.Store(&fn) }
 
 // FireTimers applies the due timer items (wake, wait_timeout, run_expire)
@@ -572,6 +591,9 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, read []*store.Q
 	// holds its runs back. until, if not nil, gets the latest due time
 	// each run's items had.
 	fire := func(cs *changeset, runs map[string]*runTx, items []*store.QueueItem, expiring func(id string, at time.Time) bool, until map[string]time.Time) (done, failed []any, err error) {
+		// Appended to and sorted here: a decision made again starts from
+		// the items as given.
+		items = slices.Clip(items)
 		for _, id := range runIDs {
 			if rt := runs[id]; rt != nil && runLive(rt.run.Status) && !rt.run.ExpiresAt.After(now) && (expiring == nil || expiring(id, rt.run.ExpiresAt)) {
 				items = append(items, expiryItem(id, rt.run.ExpiresAt))
@@ -644,6 +666,12 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, read []*store.Q
 		expiring := func(id string, at time.Time) bool { return listed[id] || !at.After(last[id]) }
 		var done bool
 		cs, done, err = s.optimistic(ctx, runIDs, nil, now, func(_ context.Context, cs *changeset, runs map[string]*runTx, _ map[string]lockedTask) ([]part, bool) {
+			if called {
+				// Decided a second time (on runs read afresh): what fn
+				// did for the first decision is dropped.
+				_ = fn(nil, nil)
+				called = false
+			}
 			for _, rt := range runs {
 				if status.RunTerminal(rt.run.Status) {
 					// Its timers are left over (its end dropped the
@@ -826,7 +854,27 @@ func (s *Store) NextDue(ctx context.Context, after time.Time, kinds ...string) (
 	var parts []string
 	var args []any
 	var vals []any
+	index, of := s.timerShare()
 	for _, k := range kinds {
+		if store.IsTimer(k) && of > 1 {
+			// This server's timers when due, the others' when they are
+			// TimerShareGrace overdue (see ShareTimers).
+			q, col, id := `SELECT due_at FROM queue WHERE kind = ? AND lease_until IS NULL AND due_at > ?`, "due_at", "run_id"
+			pre := []any{k}
+			if k == store.KindRunExpire {
+				q, col, id, pre = `SELECT expires_at FROM runs WHERE `+runsExpiring+` AND expires_at > ?`, "expires_at", "id", nil
+			} else {
+				vals = append(vals, k)
+			}
+			hash := fmt.Sprintf(shareHash, "", "", id)
+			grace := int64(TimerShareGrace / time.Microsecond)
+			parts = append(parts,
+				`SELECT (`+q+` AND `+hash+` % ? = ? ORDER BY `+col+` LIMIT 1) AS t`,
+				`SELECT (`+q+` AND `+hash+` % ? <> ? ORDER BY `+col+` LIMIT 1) + `+strconv.FormatInt(grace, 10)+` AS t`)
+			args = append(append(args, pre...), from, of, index)
+			args = append(append(args, pre...), satSub(from, grace), of, index)
+			continue
+		}
 		if k == store.KindRunExpire {
 			parts = append(parts, `SELECT (SELECT expires_at FROM runs WHERE `+runsExpiring+` AND expires_at > ? ORDER BY expires_at LIMIT 1) AS t`)
 			args = append(args, from)
@@ -850,6 +898,14 @@ func (s *Store) NextDue(ctx context.Context, after time.Time, kinds ...string) (
 		return time.Time{}, false, err
 	}
 	return fromTS(v.Int64), true, nil
+}
+
+// satSub is a - b, or the smallest value where that would wrap.
+func satSub(a, b int64) int64 {
+	if a < math.MinInt64+b {
+		return math.MinInt64
+	}
+	return a - b
 }
 
 // Sweep removes queue items whose run has finished.

@@ -46,6 +46,12 @@ func succeedStep(tx store.TaskTx) error {
 // are then in its task cache.
 func twoTaskRun(t *testing.T, dsn string) (*Store, *store.Run, map[string]*store.Task, time.Time) {
 	t.Helper()
+	return twoTaskRunWith(t, dsn, status.StepRunning)
+}
+
+// twoTaskRunWith is twoTaskRun with step b in status stepB.
+func twoTaskRunWith(t *testing.T, dsn, stepB string) (*Store, *store.Run, map[string]*store.Task, time.Time) {
+	t.Helper()
 	ctx := t.Context()
 	s, wf := withWorkflow(t, dsn, "opt")
 	now := time.Now().UTC().Truncate(time.Microsecond)
@@ -53,7 +59,7 @@ func twoTaskRun(t *testing.T, dsn string) (*Store, *store.Run, map[string]*store
 		Run: store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: now.Add(time.Hour), StartedAt: now},
 		Steps: []*store.StepRun{
 			{Name: "a", Type: "task", Status: status.StepRunning},
-			{Name: "b", Position: 1, Type: "task", Status: status.StepRunning},
+			{Name: "b", Position: 1, Type: "task", Status: stepB},
 		},
 		Tasks: []*store.Task{
 			{Type: "opt.x.v1", Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: now, Step: "a"},

@@ -130,32 +130,9 @@ func TestTimerShares(t *testing.T) {
 // the run read afresh and written in one go, not the locking way.
 func TestOptimisticBatchRereadsRunWrittenElsewhere(t *testing.T) {
 	dsn := pgtest.DSN(t)
-	a, wf := withWorkflow(t, oneWriter(t, dsn), "reread")
+	a, run, ks, now := twoTaskRunWith(t, oneWriter(t, dsn), status.StepPending)
 	b := openNode(t, dsn)
 	ctx := t.Context()
-	now := time.Now().UTC().Truncate(time.Microsecond)
-	run, _, err := a.CreateRun(ctx, &store.NewRun{
-		Run: store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: now.Add(time.Hour), StartedAt: now},
-		Steps: []*store.StepRun{
-			{Name: "a", Type: "task", Status: status.StepRunning},
-			{Name: "b", Position: 1, Type: "task", Status: status.StepPending},
-		},
-		Tasks: []*store.Task{
-			{Type: "reread.x.v1", Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: now, Step: "a"},
-			{Type: "reread.x.v1", Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: now, Step: "b"},
-		},
-	}, now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	claimed, err := a.ClaimTasks(ctx, store.ClaimTasks{Patterns: []string{"reread.x.v1"}, WorkerID: "w", Lease: time.Minute, Max: 2, Now: now})
-	if err != nil || len(claimed) != 2 {
-		t.Fatalf("claim: %v (%d tasks)", err, len(claimed))
-	}
-	ks := map[string]*store.Task{}
-	for _, k := range claimed {
-		ks[k.Step] = k
-	}
 	var calls int
 	if err := succeed(t, a, run, ks["a"], now, &calls); err != nil { // a caches the run
 		t.Fatal(err)

@@ -293,7 +293,10 @@ type Store interface {
 	// from them for FireTimers once they are due. The expiries of runs
 	// not finished are among them (see KindRunExpire). Items of the runs
 	// in skip are left out: the caller is firing them or holds them back,
-	// and a read full of them would hide the timers due after them.
+	// and a read full of them would hide the timers due after them. A
+	// store shared by several servers may list only this server's share
+	// of them, and the others' once they are overdue (Postgres:
+	// sqlstore.Store.ShareTimers).
 	DueTimers(ctx context.Context, now, until time.Time, max int, skip ...string) ([]*QueueItem, error)
 	// FireTimers applies the due timer items of the given runs in one
 	// transaction, calling fn for each under its run's lock; read, when
@@ -306,7 +309,9 @@ type Store interface {
 	// NextDue is the earliest time later than after (any time, when after
 	// is zero) at which an item of one of kinds becomes due: its due time,
 	// or its lease end while it is leased. No kinds means the kinds kept as
-	// queue rows (run expiries are asked for by KindRunExpire).
+	// queue rows (run expiries are asked for by KindRunExpire). With
+	// timers shared among servers, another server's timer is due to this
+	// one when DueTimers would list it (ShareTimers).
 	NextDue(ctx context.Context, after time.Time, kinds ...string) (time.Time, bool, error)
 	// Sweep deletes queue items of finished runs (they can do nothing).
 	Sweep(ctx context.Context) (int, error)

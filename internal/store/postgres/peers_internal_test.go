@@ -177,7 +177,8 @@ func listen(t *testing.T, s *Store) (<-chan struct{}, func()) {
 }
 
 // rawListener records the notifications of scope on Ferry's channel, each
-// as its node id, prefixed by helloPrefix for a hello and followed by "?"
+// as its node id, prefixed by helloPrefix for a hello (and as sent, hiPrefix
+// or byePrefix for those) and followed by "?"
 // when it tells what its commits made ready (a wake-up for everything
 // does not); it is LISTENing when it returns.
 func rawListener(t *testing.T, dsn, scope string) <-chan string {

@@ -73,6 +73,7 @@ type Store struct {
 	peers     map[string]int64
 	share     atomic.Pointer[share]
 	helloed   atomic.Bool // it said hello once: others may count it
+	lastShare *share      // the share computed before (under peersMu)
 	pubDone   sync.WaitGroup
 	closeOnce sync.Once
 }
@@ -356,13 +357,28 @@ func (s *Store) heardFrom(node string) {
 	s.peers[node] = s.since()
 }
 
-// left forgets a node that said goodbye.
+// left forgets a node that said goodbye, and wakes this node's timer
+// loop: part of that node's share is this node's now.
 func (s *Store) left(node string) {
 	s.peersMu.Lock()
-	defer s.peersMu.Unlock()
-	if _, known := s.peers[node]; known {
+	_, known := s.peers[node]
+	if known {
 		delete(s.peers, node)
 		s.share.Store(nil)
+	}
+	s.peersMu.Unlock()
+	if known {
+		s.shareChanged()
+	}
+}
+
+// shareChanged wakes this node's timer loop to read again: timers another
+// node's share held back, not yet overdue at its last read, may be this
+// node's now, and the loop's plan (when the next is due) did not count
+// them.
+func (s *Store) shareChanged() {
+	if fn := s.local.Load(); fn != nil {
+		(*fn)(store.Committed{TimerDue: s.now()})
 	}
 }
 
@@ -382,8 +398,9 @@ func (s *Store) timerShare() (index, of int) {
 	if sh := s.share.Load(); sh != nil && now-sh.at < int64(shareEvery) {
 		return sh.index, sh.of
 	}
+	// Stored under the lock: a node heard meanwhile resets what is
+	// stored after this.
 	s.peersMu.Lock()
-	defer s.peersMu.Unlock() // a node heard meanwhile resets what is stored
 	ids := []string{s.node}
 	for id, at := range s.peers {
 		if now-at > int64(peerTTL) {
@@ -395,6 +412,12 @@ func (s *Store) timerShare() (index, of int) {
 	slices.Sort(ids)
 	sh := &share{index: slices.Index(ids, s.node), of: len(ids), at: now}
 	s.share.Store(sh)
+	last := s.lastShare
+	s.lastShare = sh
+	s.peersMu.Unlock()
+	if last != nil && (last.index != sh.index || last.of != sh.of) {
+		s.shareChanged()
+	}
 	return sh.index, sh.of
 }
 

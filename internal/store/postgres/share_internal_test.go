@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"encoding/json"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -189,6 +190,9 @@ func TestTimerShareCountsRunningNodes(t *testing.T) {
 	a, wf := withWorkflow(t, dsn, "members")
 	writer := openNode(t, dsn) // never listens
 	listen(t, a)
+	// a listens (its own hello came back) before the writer commits, so
+	// it hears the writer's notifications.
+	poll(t, "a's own hello back", func() bool { return a.self.Load() >= 0 })
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	for range 3 {
 		if _, _, err := writer.CreateRun(t.Context(), &store.NewRun{
@@ -198,7 +202,7 @@ func TestTimerShareCountsRunningNodes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	poll(t, "a hears the writer's commits", func() bool { return !a.alone() })
+	poll(t, "a hears the writer's commits", func() bool { return a.heard.Load() > math.MinInt64/2 })
 	if _, of := a.timerShare(); of != 1 {
 		t.Fatalf("a counts %d nodes with a writer that never listens, want 1", of)
 	}
@@ -206,8 +210,21 @@ func TestTimerShareCountsRunningNodes(t *testing.T) {
 	listen(t, b)
 	poll(t, "a counts b", func() bool { _, of := a.timerShare(); return of == 2 })
 	poll(t, "b said hello", b.helloed.Load)
+	// a's timer loop is woken when b leaves: part of b's share, held back
+	// at a's last read, is a's now.
+	woken := make(chan struct{}, 100)
+	a.OnCommit(func(c store.Committed) {
+		if !c.TimerDue.IsZero() {
+			woken <- struct{}{}
+		}
+	})
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
 	poll(t, "a drops b on its goodbye", func() bool { _, of := a.timerShare(); return of == 1 })
+	select {
+	case <-woken:
+	default:
+		t.Error("b's goodbye did not wake a's timer loop")
+	}
 }

@@ -109,7 +109,7 @@ func (s *Store) optimistic(ctx context.Context, runIDs, taskIDs []string, now ti
 		// unwritten, or fails its guard. Read the cached runs as they
 		// are, without locks, and decide once more; only if none had
 		// changed was the decision itself not guardable. With two nodes,
-		// 770 of a sleep run's 2,600 report batches went the locking way
+		// 771 of a sleep run's ≈2,600 report batches went the locking way
 		// for this (twenty-ninth pass).
 		// The decision changed the runs and tasks it was given in place:
 		// all of them are read again. (Only with other servers about:

@@ -530,7 +530,7 @@ const TimerShareGrace = 250 * time.Millisecond
 // of (Postgres only; the servers sharing a database hash alike). Two
 // servers reading the same due timers fired the same runs, and all but
 // one of each run's transactions failed their guarded write and were
-// decided again: 570 of a sleep run's 1,900 fire transactions with two
+// decided again: 576 of a sleep run's ≈1,900 fire transactions with two
 // nodes (twenty-ninth pass of docs/performance.md). NextDue answers the
 // same way (another server's timer is next at its due time plus the
 // grace), so a server wakes for its own timers and for the others' once
@@ -591,8 +591,8 @@ func (s *Store) FireTimers(ctx context.Context, runIDs []string, read []*store.Q
 	// holds its runs back. until, if not nil, gets the latest due time
 	// each run's items had.
 	fire := func(cs *changeset, runs map[string]*runTx, items []*store.QueueItem, expiring func(id string, at time.Time) bool, until map[string]time.Time) (done, failed []any, err error) {
-		// Appended to and sorted here: a decision made again starts from
-		// the items as given.
+		// Appended to here: a decision made again starts from the items
+		// as given (sorting them in place leaves the same order).
 		items = slices.Clip(items)
 		for _, id := range runIDs {
 			if rt := runs[id]; rt != nil && runLive(rt.run.Status) && !rt.run.ExpiresAt.After(now) && (expiring == nil || expiring(id, rt.run.ExpiresAt)) {

@@ -1059,16 +1059,21 @@ func testInTaskOfRun(t *testing.T, s store.Store) {
 	}), "InTask")
 }
 
+// succeedTask marks the transaction's task succeeded, with its event.
+func succeedTask(tx store.TaskTx) error {
+	u := *tx.Task()
+	u.Status = status.TaskSucceeded
+	if err := tx.UpdateTask(&u); err != nil {
+		return err
+	}
+	return tx.AppendTask(store.NewEvent{Type: "succeeded"})
+}
+
 func testInTaskRollback(t *testing.T, s store.Store) {
 	k := mkTask(t, s, newTask("solo.x.v1", t0), t0)
 	boom := errors.New("boom")
 	err := s.InTask(t.Context(), k.ID, at(time.Second), func(tx store.TaskTx) error {
-		u := *tx.Task()
-		u.Status = status.TaskSucceeded
-		if err := tx.UpdateTask(&u); err != nil {
-			return err
-		}
-		if err := tx.AppendTask(store.NewEvent{Type: "succeeded"}); err != nil {
+		if err := succeedTask(tx); err != nil {
 			return err
 		}
 		return boom
@@ -1958,12 +1963,7 @@ func testEventsCounted(t *testing.T, s store.Store) {
 		t.Fatalf("claimed %d tasks, want 3", n)
 	}
 	errs, err := s.InTasks(t.Context(), ids, nil, at(time.Second), func(i int, tx store.TaskTx) error {
-		u := *tx.Task()
-		u.Status = status.TaskSucceeded
-		if err := tx.UpdateTask(&u); err != nil {
-			return err
-		}
-		if err := tx.AppendTask(store.NewEvent{Type: "succeeded"}); err != nil {
+		if err := succeedTask(tx); err != nil {
 			return err
 		}
 		if i == 1 {

@@ -223,3 +223,44 @@ func sample(m map[string]*dto.MetricFamily, name string, labels map[string]strin
 	}
 	return 0, false
 }
+
+// TestMetricsCancelledAttempt: an HTTP attempt cut short by its run's
+// cancellation counts as cancelled, not as an error.
+func TestMetricsCancelledAttempt(t *testing.T) {
+	srv := ferrytest.Start(t)
+	ctx := context.Background()
+	entered := make(chan struct{}, 1)
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		<-r.Context().Done() // until the attempt is cut short
+	}))
+	t.Cleanup(target.Close)
+	c := client.New(srv.URL, srv.Key)
+	def := fmt.Sprintf(`{"name": "cut", "tasks": {"call": {"url": %q, "timeout": "30s"}}}`, target.URL)
+	if _, _, err := c.ApplyWorkflow(ctx, "cut", []byte(def)); err != nil {
+		t.Fatal(err)
+	}
+	tr, _, err := c.Trigger(ctx, "cut", nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the attempt never reached its target")
+	}
+	if _, err := c.CancelRun(ctx, tr.RunID); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, 10*time.Second, "the cut attempt is counted", func() bool {
+		_, ok := sample(scrape(t, srv), "ferry_http_step_attempt_seconds", map[string]string{"outcome": "cancelled"})
+		return ok
+	})
+	m := scrape(t, srv)
+	if n, _ := sample(m, "ferry_http_step_attempt_seconds", map[string]string{"outcome": "cancelled"}); n != 1 {
+		t.Errorf("cancelled attempts: %v, want 1", n)
+	}
+	if _, ok := sample(m, "ferry_http_step_attempt_seconds", map[string]string{"outcome": "error"}); ok {
+		t.Error("the cut attempt is counted as an error too")
+	}
+}

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"encoding/json"
+	"errors"
 	"math"
 	"slices"
 	"testing"
@@ -226,5 +227,79 @@ func TestTimerShareCountsRunningNodes(t *testing.T) {
 	case <-woken:
 	default:
 		t.Error("b's goodbye did not wake a's timer loop")
+	}
+}
+
+// TestFireRereadsRunWrittenElsewhere: a fire transaction decided on a
+// cached run that another node has since changed, which on the stale
+// copy fails, is decided once more on the run read afresh: the caller is
+// told to drop the first decision (fn(nil, nil)) before it, and the
+// second is written in one go, not the locking way.
+func TestFireRereadsRunWrittenElsewhere(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	a, wf := withWorkflow(t, dsn, "fire-reread")
+	b := openNode(t, dsn)
+	ctx := t.Context()
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	run, _, err := a.CreateRun(ctx, &store.NewRun{
+		Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: now.Add(time.Hour), StartedAt: now},
+		Steps: []*store.StepRun{{Name: "nap", Type: "sleep", Status: status.StepPending}},
+		Queue: []store.QueueItem{{Kind: store.KindWake, Step: "nap", DueAt: now}},
+	}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// a writes the run, and so caches it as it is.
+	if err := a.InRun(ctx, run.ID, now, func(tx store.RunTx) error {
+		return tx.Append(store.NewEvent{Type: "noted"})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	listen(t, a)
+	listen(t, b)
+	poll(t, "a counts b", func() bool { _, of := a.timerShare(); return of == 2 })
+	if err := b.InRun(ctx, run.ID, now, func(tx store.RunTx) error {
+		st := tx.Step("nap")
+		st.Status = status.StepSleeping
+		return tx.UpdateStep(st)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Read as the run's owner would (overdue, so either node reads it).
+	read, err := a.DueTimers(ctx, now.Add(time.Second), now.Add(time.Second), 10)
+	if err != nil || len(read) != 1 {
+		t.Fatalf("due timers: %v (%d items)", err, len(read))
+	}
+	before, rereads := counts(a), a.OptimisticRereads()
+	var calls []string
+	taken, errs, err := a.FireTimers(ctx, []string{run.ID}, read, now.Add(time.Second), time.Minute, func(it *store.QueueItem, tx store.RunTx) error {
+		if it == nil {
+			calls = append(calls, "drop")
+			return nil
+		}
+		st := tx.Step("nap")
+		if st.Status != status.StepSleeping {
+			calls = append(calls, "stale")
+			return errors.New("the step is not sleeping")
+		}
+		calls = append(calls, "fire")
+		st.Status = status.StepSuccess
+		return tx.UpdateStep(st)
+	})
+	if err != nil || len(errs) != 0 || taken != 1 {
+		t.Fatalf("FireTimers: taken %d, errs %v, err %v", taken, errs, err)
+	}
+	if want := []string{"stale", "drop", "fire"}; !slices.Equal(calls, want) {
+		t.Errorf("fn calls %q, want %q: the first decision dropped before the second", calls, want)
+	}
+	if got := counts(a); got.written != before.written+1 || got.redecided != before.redecided || got.stale != before.stale {
+		t.Errorf("optimistic batches %+v after %+v, want one more written, none the locking way", got, before)
+	}
+	if got := a.OptimisticRereads(); got != rereads+1 {
+		t.Errorf("rereads %d, want %d", got, rereads+1)
+	}
+	wantSteps(t, a, run.ID, map[string]string{"nap": status.StepSuccess})
+	if left, err := a.DueTimers(ctx, now.Add(time.Second), now.Add(time.Second), 10); err != nil || len(left) != 0 {
+		t.Errorf("due timers after the fire: %d (%v), want none", len(left), err)
 	}
 }

@@ -106,14 +106,14 @@ func (s *Store) optimistic(ctx context.Context, runIDs, taskIDs []string, now ti
 		// Decided on a cached run that another server may have written
 		// since (with several servers, one fires a run's timer and
 		// another reports its next step): such a decision leaves the run
-		// unwritten, or fails its guard. Read the cached runs as they
-		// are, without locks, and decide once more; only if none had
-		// changed was the decision itself not guardable. With two nodes,
-		// 771 of a sleep run's ≈2,600 report batches went the locking way
-		// for this (twenty-ninth pass).
-		// The decision changed the runs and tasks it was given in place:
-		// all of them are read again. (Only with other servers about:
-		// alone, a cached run is not written behind this one's back.)
+		// unwritten, or fails its guard. Read the rows as they are,
+		// without locks (all of them: the decision changed the runs and
+		// tasks it was given in place), and if a cached run had changed,
+		// decide once more; if none had, the decision itself was not
+		// guardable. With two nodes, 771 of a sleep run's ≈2,600 report
+		// batches went the locking way for this (twenty-ninth pass).
+		// Only with other servers about: alone, a cached run is not
+		// written behind this one's back.
 		open = true
 		fresh, freshTasks, freshVersions := map[string]*runTx{}, map[string]lockedTask{}, map[string]string{}
 		if err := s.readUnlocked(ctx, conn, begin, runIDs, taskIDs, now, fresh, freshTasks, freshVersions); err != nil {

@@ -505,8 +505,9 @@ func (s *Store) DueTimers(ctx context.Context, now, until time.Time, max int, sk
 	return scanQueueItems(rows)
 }
 
-// shareHash is a run's share among of servers (as %[3]s mod of), run id
-// as %[2]s: Postgres's hashtext, the same on every server of a database.
+// shareHash is what a run's share is taken from (modulo the number of
+// servers), its id column as %[3]s: Postgres's hashtext, the same on
+// every server of a database.
 const shareHash = `(hashtext(%[3]s) & 2147483647)`
 
 // timerShare is this server's share of the due timers (index among of;

@@ -60,13 +60,7 @@ func TestTimerShares(t *testing.T) {
 		t.Fatalf("a node that heard no other read %d of the %d due timers", len(got), len(all))
 	}
 
-	listen(t, a)
-	listen(t, b)
-	poll(t, "each node counts the other in its share", func() bool {
-		_, ofA := a.timerShare()
-		_, ofB := b.timerShare()
-		return ofA == 2 && ofB == 2
-	})
+	hearEachOther(t, a, b)
 	ia, _ := a.timerShare()
 	ib, _ := b.timerShare()
 	if ia == ib {
@@ -140,16 +134,8 @@ func TestOptimisticBatchRereadsRunWrittenElsewhere(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Alone, a store does not suspect its cached runs: a hears b first.
-	listen(t, a)
-	listen(t, b)
-	poll(t, "a counts b", func() bool { _, of := a.timerShare(); return of == 2 })
-	if err := b.InRun(ctx, run.ID, now, func(tx store.RunTx) error {
-		st := tx.Step("b")
-		st.Status = status.StepRunning
-		return tx.UpdateStep(st)
-	}); err != nil {
-		t.Fatal(err)
-	}
+	hearEachOther(t, a, b)
+	setStep(t, b, run.ID, "b", status.StepRunning, now)
 	before := counts(a)
 	rereads := a.OptimisticRereads()
 	calls = 0
@@ -255,16 +241,8 @@ func TestFireRereadsRunWrittenElsewhere(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	listen(t, a)
-	listen(t, b)
-	poll(t, "a counts b", func() bool { _, of := a.timerShare(); return of == 2 })
-	if err := b.InRun(ctx, run.ID, now, func(tx store.RunTx) error {
-		st := tx.Step("nap")
-		st.Status = status.StepSleeping
-		return tx.UpdateStep(st)
-	}); err != nil {
-		t.Fatal(err)
-	}
+	hearEachOther(t, a, b)
+	setStep(t, b, run.ID, "nap", status.StepSleeping, now)
 	// Read as the run's owner would (overdue, so either node reads it).
 	read, err := a.DueTimers(ctx, now.Add(time.Second), now.Add(time.Second), 10)
 	if err != nil || len(read) != 1 {
@@ -301,5 +279,30 @@ func TestFireRereadsRunWrittenElsewhere(t *testing.T) {
 	wantSteps(t, a, run.ID, map[string]string{"nap": status.StepSuccess})
 	if left, err := a.DueTimers(ctx, now.Add(time.Second), now.Add(time.Second), 10); err != nil || len(left) != 0 {
 		t.Errorf("due timers after the fire: %d (%v), want none", len(left), err)
+	}
+}
+
+// hearEachOther starts both nodes' listeners and waits until each counts
+// the other in its timer share.
+func hearEachOther(t *testing.T, a, b *Store) {
+	t.Helper()
+	listen(t, a)
+	listen(t, b)
+	poll(t, "each node counts the other in its share", func() bool {
+		_, ofA := a.timerShare()
+		_, ofB := b.timerShare()
+		return ofA == 2 && ofB == 2
+	})
+}
+
+// setStep sets a step's status through s, as another node's write.
+func setStep(t *testing.T, s *Store, runID, step, to string, now time.Time) {
+	t.Helper()
+	if err := s.InRun(t.Context(), runID, now, func(tx store.RunTx) error {
+		st := tx.Step(step)
+		st.Status = to
+		return tx.UpdateStep(st)
+	}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -357,18 +357,105 @@ func (s *Store) heardFrom(node string) {
 	s.peers[node] = s.since()
 }
 
-// left forgets a node that said goodbye, and wakes this node's timer
-// loop: part of that node's share is this node's now.
+// left forgets a node that said goodbye.
 func (s *Store) left(node string) {
+	s.forget(func(id string, _ int64) bool { return id == node })
+}
+
+// forget takes the nodes gone says are gone (given their id and when they
+// were last heard from) out of the timer share, and wakes this node's
+// timer loop if there were any: part of their share is this node's now.
+func (s *Store) forget(gone func(id string, at int64) bool) {
 	s.peersMu.Lock()
-	_, known := s.peers[node]
-	if known {
-		delete(s.peers, node)
+	var n int
+	for id, at := range s.peers {
+		if gone(id, at) {
+			delete(s.peers, id)
+			n++
+		}
+	}
+	if n > 0 {
 		s.share.Store(nil)
 	}
 	s.peersMu.Unlock()
-	if known {
+	if n > 0 {
 		s.shareChanged()
+	}
+}
+
+// listenerName is the application_name of a node's LISTEN connection: the
+// other nodes look for it in pg_stat_activity (see dropGonePeers), and an
+// operator sees which connection is which node's listener.
+func listenerName(node string) string { return "ferry listener " + node }
+
+// peerCheckEvery is how often a listening node with peers checks that
+// their listeners are still connected.
+const peerCheckEvery = time.Second
+
+// dropGonePeers takes out of the timer share the nodes whose LISTEN
+// connection Postgres no longer has. A node whose process ended (a
+// crash, a kill) has no goodbye to send, but its connections close with
+// it and Postgres ends their backends at once; without this check its
+// share of the timers would be fired TimerShareGrace late until peerTTL
+// had passed since its last hello. A node heard from since the check
+// began is kept (a listener that reconnected says hello again), and a
+// failed check drops no one: peerTTL still bounds a node that vanished
+// without its connections closing (its machine gone), which Postgres
+// notices only through TCP keepalives.
+func (s *Store) dropGonePeers(ctx context.Context) error {
+	start := s.since()
+	s.peersMu.Lock()
+	names := make([]string, 0, len(s.peers))
+	for id := range s.peers {
+		names = append(names, listenerName(id))
+	}
+	s.peersMu.Unlock()
+	if len(names) == 0 {
+		return nil
+	}
+	rows, err := s.DB().QueryContext(ctx, "SELECT DISTINCT application_name FROM pg_stat_activity WHERE application_name = ANY($1::text[])", names)
+	if err != nil {
+		return fmt.Errorf("postgres: check peers: %w", err)
+	}
+	defer rows.Close()
+	alive := make(map[string]bool, len(names))
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return fmt.Errorf("postgres: check peers: %w", err)
+		}
+		alive[name] = true
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("postgres: check peers: %w", err)
+	}
+	var gone []string
+	s.forget(func(id string, at int64) bool {
+		if at >= start || alive[listenerName(id)] {
+			return false
+		}
+		gone = append(gone, id)
+		return true
+	})
+	for _, id := range gone {
+		slog.Info("postgres node gone: its listener disconnected; its share of the timers is the others' now", "node", id)
+	}
+	return nil
+}
+
+// watchPeers runs dropGonePeers every peerCheckEvery until ctx ends.
+func (s *Store) watchPeers(ctx context.Context) {
+	tick := time.NewTicker(peerCheckEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			if err := s.dropGonePeers(ctx); err != nil && ctx.Err() == nil {
+				slog.Warn("postgres peer check failed; a node that died leaves the timer share after a minute", "err", err)
+			}
+		}
 	}
 }
 
@@ -391,8 +478,10 @@ func (s *Store) shareChanged() {
 // engine opened without Run) notifies its commits and must own no share.
 // A newcomer counts for the others at its hello, and they for it at
 // their answers to it; a node that closes says goodbye and leaves the
-// share at once, and one that died counts until peerTTL has passed: its
-// share is fired late by TimerShareGrace meanwhile.
+// share at once, one whose process ended leaves it at the others' next
+// check of its listener (dropGonePeers), and one that vanished without
+// its connections closing counts until peerTTL has passed: its share is
+// fired late by TimerShareGrace meanwhile.
 func (s *Store) timerShare() (index, of int) {
 	now := s.since()
 	if sh := s.share.Load(); sh != nil && now-sh.at < int64(shareEvery) {
@@ -495,7 +584,12 @@ func (s *Store) Wakeups(ctx context.Context) <-chan struct{} {
 }
 
 func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
-	conn, err := pgx.Connect(ctx, s.dsn)
+	cfg, err := pgx.ParseConfig(s.dsn)
+	if err != nil {
+		return err
+	}
+	cfg.RuntimeParams["application_name"] = listenerName(s.node)
+	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -511,6 +605,16 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
 		return err
 	}
 	s.helloed.Store(true)
+	pctx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		s.watchPeers(pctx)
+	}()
+	defer func() {
+		stopWatch()
+		<-watched
+	}()
 	for {
 		wctx, cancel := context.WithTimeout(ctx, silence)
 		n, err := conn.WaitForNotification(wctx)
@@ -583,6 +687,11 @@ func (s *Store) peerCommitted(ready peerReady) {
 		(*fn)(c)
 	}
 }
+
+// Listening reports whether this node's LISTEN connection is up and has
+// said hello on it: notifications reach the node, and the other nodes
+// know of it.
+func (s *Store) Listening() bool { return s.listening.Load() && s.helloed.Load() }
 
 // DB exposes the pool for tests.
 func (s *Store) DB() *sql.DB { return s.Store.DB() }

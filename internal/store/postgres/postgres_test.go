@@ -23,6 +23,7 @@ import (
 	"github.com/ferryhq/ferry/internal/store/postgres/pgtest"
 	"github.com/ferryhq/ferry/internal/store/sqlstore"
 	"github.com/ferryhq/ferry/internal/store/storetest"
+	"github.com/ferryhq/ferry/internal/testwait"
 )
 
 // openDSN opens dsn without migrating; the store is closed when t ends.
@@ -348,11 +349,8 @@ func migrated(t *testing.T, dsn string) *postgres.Store {
 // wake-ups; other nodes of it open dsn.
 func listeningNode(t *testing.T) (dsn string, wake <-chan peerWake) {
 	t.Helper()
-	// A unique application_name identifies the LISTEN connection in
-	// pg_stat_activity.
-	app := "ferry_wakeups_" + strings.ToLower(rand.Text())
-	dsn = pgtest.WithParam(t, pgtest.DSN(t), "application_name", app)
-	return dsn, listening(t, migrated(t, dsn), app)
+	dsn = pgtest.DSN(t)
+	return dsn, listening(t, migrated(t, dsn))
 }
 
 // peerWake is how another node's notification reached a node: told to
@@ -363,11 +361,10 @@ type peerWake struct {
 	all bool
 }
 
-// listening starts s's Wakeups and returns once its connection (named
-// app) has run LISTEN and said hello: NOTIFY reaches only sessions already
-// listening. The wake-ups it returns are the channel's and s's commit
+// listening starts s's Wakeups and returns once its connection has run
+// LISTEN and said hello: NOTIFY reaches only sessions already listening. The wake-ups it returns are the channel's and s's commit
 // hook's (the tests' listening nodes commit nothing themselves).
-func listening(t *testing.T, s *postgres.Store, app string) <-chan peerWake {
+func listening(t *testing.T, s *postgres.Store) <-chan peerWake {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	out := make(chan peerWake, 100)
@@ -393,23 +390,7 @@ func listening(t *testing.T, s *postgres.Store, app string) <-chan peerWake {
 		// The channel is closed once the listener has stopped.
 		<-forwarded
 	})
-	deadline := time.Now().Add(15 * time.Second)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		var n int
-		err := s.DB().QueryRowContext(t.Context(), `SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'SELECT pg_notify($1, ''hello/''%' AND state = 'idle'`, app).Scan(&n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the Wakeups listener did not start LISTENing within 15s")
-		}
-		<-tick.C
-	}
+	testwait.Until(t, 15*time.Second, "the Wakeups listener LISTENing", s.Listening)
 	// Drop wake-ups some other test may have caused meanwhile.
 	for {
 		select {
@@ -1244,10 +1225,9 @@ func explainPages(t *testing.T, s *postgres.Store, q sqlstore.PipeQuery) (rows, 
 // remembers the pending tasks' types for claims of a prefix; a peer's
 // notification names the types, and the node adds them without a read).
 func TestPeerTasksOfNewTypes(t *testing.T) {
-	app := "ferry_wakeups_" + strings.ToLower(rand.Text())
-	dsn := pgtest.WithParam(t, pgtest.DSN(t), "application_name", app)
+	dsn := pgtest.DSN(t)
 	node := migrated(t, dsn)
-	wake := listening(t, node, app)
+	wake := listening(t, node)
 	other := openDSN(t, dsn)
 	now := time.Unix(1_700_000_000, 0).UTC()
 	claim := func() []*store.Task {

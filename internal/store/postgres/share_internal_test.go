@@ -1,12 +1,15 @@
 package postgres
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"math"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/ferryhq/ferry/internal/status"
 	"github.com/ferryhq/ferry/internal/store"
@@ -304,5 +307,77 @@ func setStep(t *testing.T, s *Store, runID, step, to string, now time.Time) {
 		return tx.UpdateStep(st)
 	}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestTimerShareDropsGoneNode: a node whose process ended without a
+// goodbye (its connections closed with it) leaves the others' timer share
+// at their next check of its listener, not after peerTTL, and that wakes
+// their timer loops; a node whose listener is still connected stays.
+func TestTimerShareDropsGoneNode(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	a := openNode(t, dsn)
+	listen(t, a)
+	poll(t, "a's own hello back", func() bool { return a.self.Load() >= 0 })
+	// The other node is a bare connection named as a node's listener,
+	// which says hello as one does.
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = listenerName("OTHER")
+	other, err := pgx.ConnectConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(context.WithoutCancel(t.Context()))
+	if _, err := other.Exec(t.Context(), helloSQL, channel, "OTHER:"+a.scope); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "a counts the other node", func() bool { _, of := a.timerShare(); return of == 2 })
+	if err := a.dropGonePeers(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if _, of := a.timerShare(); of != 2 {
+		t.Fatalf("a counts %d nodes after checking a node whose listener is connected, want 2", of)
+	}
+	woken := make(chan struct{}, 100)
+	a.OnCommit(func(c store.Committed) {
+		if !c.TimerDue.IsZero() {
+			woken <- struct{}{}
+		}
+	})
+	if err := other.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// a's own check, every peerCheckEvery, finds the listener gone.
+	poll(t, "a drops the node whose listener is gone", func() bool { _, of := a.timerShare(); return of == 1 })
+	select {
+	case <-woken:
+	default:
+		t.Error("dropping the gone node did not wake a's timer loop")
+	}
+}
+
+// TestPeerCheckKeepsNodesHeardSince: a node heard from after a check of
+// the listeners began is kept, though the check did not find its
+// listener (one that reconnected says hello again as it comes back).
+func TestPeerCheckKeepsNodesHeardSince(t *testing.T) {
+	s := openNode(t, pgtest.DSN(t)) // never listens: nothing else moves its clock
+	later := time.Now().Add(time.Hour)
+	s.now = func() time.Time { return later }
+	s.heardFrom("LATER") // heard, as it were, while the check runs
+	s.now = time.Now
+	s.heardFrom("EARLIER")
+	if err := s.dropGonePeers(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	s.peersMu.Lock()
+	defer s.peersMu.Unlock()
+	if _, ok := s.peers["LATER"]; !ok {
+		t.Error("the check dropped a node heard from after it began")
+	}
+	if _, ok := s.peers["EARLIER"]; ok {
+		t.Error("the check kept a node heard from before it began, with no listener connected")
 	}
 }

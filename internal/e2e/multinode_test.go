@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -204,4 +205,68 @@ func TestTwoNodesShareTaskReports(t *testing.T) {
 	if len(claimed) != runs*6 {
 		t.Errorf("%d distinct tasks handed out, want %d", len(claimed), runs*6)
 	}
+}
+
+// TestKilledNodeLeavesTimerShare: of two nodes on one Postgres, one is
+// killed (SIGKILL: no goodbye) while runs triggered on both sleep. The
+// other finds the killed node's LISTEN connection gone and takes the
+// node out of its timer share (it logs both the node's joining and its
+// leaving, under one id), and every run's wake-up is fired: the runs
+// whose timers were the killed node's complete too.
+func TestKilledNodeLeavesTimerShare(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the ferry binary")
+	}
+	t.Parallel()
+	db := pgtest.WithParam(t, pgtest.DSN(t), "ferry_max_conns", "16")
+	up := newUpstream(t)
+	up.handle("/after", jsonReply(200, `{"ok": true}`))
+	a := startServer(t, freePort(t), db, "--log-level", "info")
+	b := startServer(t, freePort(t), db)
+	joined := waitLog(t, a, "postgres node joined the timer share")
+	ca, cb := client{t, "http://" + a.addr}, client{t, "http://" + b.addr}
+	ca.must(201, "POST", "/api/v1/workflows", fmt.Sprintf(`{"name": "naps", "tasks": {
+		"nap": {"sleep": "2s"},
+		"after": {"needs": ["nap"], "url": "%s/after"}}}`, up.URL))
+	var ids []string
+	for i := range 16 {
+		c := ca
+		if i%2 == 1 {
+			c = cb
+		}
+		ids = append(ids, c.trigger("naps", `{}`))
+	}
+	b.kill()
+	gone := waitLog(t, a, "postgres node gone")
+	if id := logAttr(joined, "node"); id == "" || id != logAttr(gone, "node") {
+		t.Errorf("the node that joined (%q) is not the one gone (%q)", joined, gone)
+	}
+	ca.waitAll(ids, "completed", 30*time.Second, func(r map[string]any) bool { return r["status"] == "completed" })
+}
+
+// waitLog waits for a line of p's output that contains s and returns it.
+func waitLog(t *testing.T, p *proc, s string) string {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		for line := range strings.SplitSeq(p.output(), "\n") {
+			if strings.Contains(line, s) {
+				return line
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q in the log within 15s:\n%s", s, p.output())
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval
+	}
+}
+
+// logAttr is the value of key in a log/slog text line, or "".
+func logAttr(line, key string) string {
+	for f := range strings.FieldsSeq(line) {
+		if v, ok := strings.CutPrefix(f, key+"="); ok {
+			return v
+		}
+	}
+	return ""
 }

@@ -350,11 +350,15 @@ const shareEvery = time.Second
 // at the next read of due timers.
 func (s *Store) heardFrom(node string) {
 	s.peersMu.Lock()
-	defer s.peersMu.Unlock()
-	if _, known := s.peers[node]; !known {
+	_, known := s.peers[node]
+	if !known {
 		s.share.Store(nil)
 	}
 	s.peers[node] = s.since()
+	s.peersMu.Unlock()
+	if !known {
+		slog.Info("postgres node joined the timer share", "node", node)
+	}
 }
 
 // left forgets a node that said goodbye.

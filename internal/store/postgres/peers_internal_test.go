@@ -178,9 +178,10 @@ func listen(t *testing.T, s *Store) (<-chan struct{}, func()) {
 
 // rawListener records the notifications of scope on Ferry's channel, each
 // as its node id, prefixed by helloPrefix for a hello (and as sent, hiPrefix
-// or byePrefix for those) and followed by "?"
-// when it tells what its commits made ready (a wake-up for everything
-// does not); it is LISTENing when it returns.
+// or byePrefix for those) and, except for a hello (whose "?" says its
+// listener is named), followed by "?" when it tells what its commits made
+// ready (a wake-up for everything does not); it is LISTENing when it
+// returns.
 func rawListener(t *testing.T, dsn, scope string) <-chan string {
 	t.Helper()
 	conn, err := pgx.Connect(t.Context(), dsn)
@@ -205,10 +206,11 @@ func rawListener(t *testing.T, dsn, scope string) <-chan string {
 			if sc != scope {
 				continue
 			}
-			if hello {
-				node = helloPrefix + node
-			}
-			if id, _, told := strings.Cut(node, "?"); told {
+			id, _, told := strings.Cut(node, "?")
+			switch {
+			case hello:
+				node = helloPrefix + id
+			case told:
 				node = id + "?"
 			}
 			out <- node

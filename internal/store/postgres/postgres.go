@@ -70,9 +70,10 @@ type Store struct {
 	// (since base); share is the timer share they make, computed at most
 	// every shareEvery (see timerShare).
 	peersMu   sync.Mutex
-	peers     map[string]int64
+	peers     map[string]*peer
 	share     atomic.Pointer[share]
 	helloed   atomic.Bool // it said hello once: others may count it
+	said      atomic.Bool // the listener up now said hello on its connection
 	lastShare *share      // the share computed before (under peersMu)
 	pubDone   sync.WaitGroup
 	closeOnce sync.Once
@@ -175,7 +176,7 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 		_ = s.Close()
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
-	st := &Store{Store: s, dsn: dsn, node: rand.Text(), scope: scope, base: time.Now(), now: time.Now, pub: make(chan struct{}, 1), stop: make(chan struct{}), peers: map[string]int64{}}
+	st := &Store{Store: s, dsn: dsn, node: rand.Text(), scope: scope, base: time.Now(), now: time.Now, pub: make(chan struct{}, 1), stop: make(chan struct{}), peers: map[string]*peer{}}
 	s.ShareTimers(st.timerShare)
 	st.heard.Store(math.MinInt64 / 2) // no other node heard yet
 	st.self.Store(math.MinInt64 / 2)  // not alone before its first hello is back
@@ -241,7 +242,7 @@ func (s *Store) publish() {
 			if !s.listening.Load() {
 				continue
 			}
-			payload = helloPrefix + payload
+			payload = s.hello()
 		case <-s.pub:
 			s.readyMu.Lock()
 			ready := s.ready
@@ -294,6 +295,11 @@ const (
 	// hiPrefix marks a listening node's wake-up for everything: it runs
 	// (see timerShare). Nodes before it take it for any wake-up.
 	hiPrefix = "hi/"
+	// namedMark follows a hello's node id (as "?L"): the node's listener
+	// is named for it (listenerName), so the others may drop the node
+	// once that connection is gone (dropGonePeers). Nodes before it read
+	// it as what a commit made ready, which a hello does not carry.
+	namedMark = "L"
 	// helloSQL is the listener's first hello, after LISTEN.
 	helloSQL = "SELECT pg_notify($1, '" + helloPrefix + "' || $2)"
 )
@@ -307,6 +313,11 @@ func (s *Store) notify(payload string) bool {
 		return false
 	}
 	return true
+}
+
+// hello is this node's hello.
+func (s *Store) hello() string {
+	return helloPrefix + s.node + "?" + namedMark + ":" + s.scope
 }
 
 // alone: this node listens, its own hellos come back, and it has heard no
@@ -341,20 +352,30 @@ type share struct {
 	at        int64 // when computed (since base)
 }
 
+// peer is another node of this scope heard from.
+type peer struct {
+	at    int64 // when last heard from (since base)
+	named bool  // its hello said its listener is named (namedMark)
+}
+
 // shareEvery is how long a computed timer share is used: nodes that go
 // quiet leave it only after peerTTL anyway.
 const shareEvery = time.Second
 
 // heardFrom records another node's hello, or its wake-up for everything
 // while it listens: a node not counted in the timer share yet is counted
-// at the next read of due timers.
-func (s *Store) heardFrom(node string) {
+// at the next read of due timers. named: a hello said the node's listener
+// is named for it.
+func (s *Store) heardFrom(node string, named bool) {
 	s.peersMu.Lock()
-	_, known := s.peers[node]
+	p, known := s.peers[node]
 	if !known {
+		p = &peer{}
+		s.peers[node] = p
 		s.share.Store(nil)
 	}
-	s.peers[node] = s.since()
+	p.at = s.since()
+	p.named = p.named || named
 	s.peersMu.Unlock()
 	if !known {
 		slog.Info("postgres node joined the timer share", "node", node)
@@ -363,17 +384,17 @@ func (s *Store) heardFrom(node string) {
 
 // left forgets a node that said goodbye.
 func (s *Store) left(node string) {
-	s.forget(func(id string, _ int64) bool { return id == node })
+	s.forget(func(id string, _ *peer) bool { return id == node })
 }
 
-// forget takes the nodes gone says are gone (given their id and when they
-// were last heard from) out of the timer share, and wakes this node's
-// timer loop if there were any: part of their share is this node's now.
-func (s *Store) forget(gone func(id string, at int64) bool) {
+// forget takes the nodes gone says are gone out of the timer share, and
+// wakes this node's timer loop if there were any: part of their share is
+// this node's now. gone is called under peersMu.
+func (s *Store) forget(gone func(id string, p *peer) bool) {
 	s.peersMu.Lock()
 	var n int
-	for id, at := range s.peers {
-		if gone(id, at) {
+	for id, p := range s.peers {
+		if gone(id, p) {
 			delete(s.peers, id)
 			n++
 		}
@@ -387,55 +408,78 @@ func (s *Store) forget(gone func(id string, at int64) bool) {
 	}
 }
 
-// listenerName is the application_name of a node's LISTEN connection: the
+// listenerPrefix starts the application_name of a node's LISTEN
+// connection: the node's id follows, then a space and the name the
+// database URL gave, if any (Postgres keeps the first 63 bytes). The
 // other nodes look for it in pg_stat_activity (see dropGonePeers), and an
 // operator sees which connection is which node's listener.
-func listenerName(node string) string { return "ferry listener " + node }
+const listenerPrefix = "ferry listener "
+
+// listenerName is the application_name of node's LISTEN connection, app
+// being the one its database URL sets.
+func listenerName(node, app string) string {
+	if app == "" {
+		return listenerPrefix + node
+	}
+	return listenerPrefix + node + " " + app
+}
 
 // peerCheckEvery is how often a listening node with peers checks that
-// their listeners are still connected.
-const peerCheckEvery = time.Second
+// their listeners are still connected; peerCheckTimeout bounds a check.
+const (
+	peerCheckEvery   = time.Second
+	peerCheckTimeout = 5 * time.Second
+)
 
 // dropGonePeers takes out of the timer share the nodes whose LISTEN
 // connection Postgres no longer has. A node whose process ended (a
 // crash, a kill) has no goodbye to send, but its connections close with
 // it and Postgres ends their backends at once; without this check its
 // share of the timers would be fired TimerShareGrace late until peerTTL
-// had passed since its last hello. A node heard from since the check
-// began is kept (a listener that reconnected says hello again), and a
-// failed check drops no one: peerTTL still bounds a node that vanished
-// without its connections closing (its machine gone), which Postgres
-// notices only through TCP keepalives.
+// had passed since its last hello. Only a node whose hello said its
+// listener is named (namedMark) is dropped: a node of a version before
+// this one leaves after peerTTL, as before (dropping it at every check,
+// to count it again at its next notification, would have both nodes fire
+// its share). Nor does a check that cannot find this node's own listener
+// drop anyone (a pooler that renames connections): it fails instead. A
+// node heard from since the check began is kept (a listener that
+// reconnected says hello again), and a failed check drops no one:
+// peerTTL still bounds a node that vanished without its connections
+// closing (its machine gone), which Postgres notices only through TCP
+// keepalives.
 func (s *Store) dropGonePeers(ctx context.Context) error {
 	start := s.since()
 	s.peersMu.Lock()
-	names := make([]string, 0, len(s.peers))
-	for id := range s.peers {
-		names = append(names, listenerName(id))
-	}
+	n := len(s.peers)
 	s.peersMu.Unlock()
-	if len(names) == 0 {
+	if n == 0 {
 		return nil
 	}
-	rows, err := s.DB().QueryContext(ctx, "SELECT DISTINCT application_name FROM pg_stat_activity WHERE application_name = ANY($1::text[])", names)
+	ctx, cancel := context.WithTimeout(ctx, peerCheckTimeout)
+	defer cancel()
+	rows, err := s.ReadDB().QueryContext(ctx, "SELECT application_name FROM pg_stat_activity WHERE application_name LIKE '"+listenerPrefix+"%'")
 	if err != nil {
 		return fmt.Errorf("postgres: check peers: %w", err)
 	}
 	defer rows.Close()
-	alive := make(map[string]bool, len(names))
+	alive := map[string]bool{}
 	for rows.Next() {
 		var name string
 		if err := rows.Scan(&name); err != nil {
 			return fmt.Errorf("postgres: check peers: %w", err)
 		}
-		alive[name] = true
+		id, _, _ := strings.Cut(strings.TrimPrefix(name, listenerPrefix), " ")
+		alive[id] = true
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("postgres: check peers: %w", err)
 	}
+	if !alive[s.node] {
+		return fmt.Errorf("postgres: check peers: this node's own listener (application_name %q) is not in pg_stat_activity", listenerPrefix+s.node)
+	}
 	var gone []string
-	s.forget(func(id string, at int64) bool {
-		if at >= start || alive[listenerName(id)] {
+	s.forget(func(id string, p *peer) bool {
+		if !p.named || alive[id] || p.at >= start {
 			return false
 		}
 		gone = append(gone, id)
@@ -447,18 +491,29 @@ func (s *Store) dropGonePeers(ctx context.Context) error {
 	return nil
 }
 
-// watchPeers runs dropGonePeers every peerCheckEvery until ctx ends.
+// watchPeers runs dropGonePeers every peerCheckEvery until ctx ends. It
+// warns when checks begin to fail, not at each one (a database that
+// refuses the check would log every second), and says when they work
+// again.
 func (s *Store) watchPeers(ctx context.Context) {
 	tick := time.NewTicker(peerCheckEvery)
 	defer tick.Stop()
+	failing := false
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-			if err := s.dropGonePeers(ctx); err != nil && ctx.Err() == nil {
-				slog.Warn("postgres peer check failed; a node that died leaves the timer share after a minute", "err", err)
+			err := s.dropGonePeers(ctx)
+			switch {
+			case ctx.Err() != nil:
+				return
+			case err != nil && !failing:
+				slog.Warn("postgres peer check failed; a node that died without a goodbye leaves the timer share only after a minute", "err", err)
+			case err == nil && failing:
+				slog.Info("postgres peer check works again")
 			}
+			failing = err != nil
 		}
 	}
 }
@@ -495,8 +550,8 @@ func (s *Store) timerShare() (index, of int) {
 	// stored after this.
 	s.peersMu.Lock()
 	ids := []string{s.node}
-	for id, at := range s.peers {
-		if now-at > int64(peerTTL) {
+	for id, p := range s.peers {
+		if now-p.at > int64(peerTTL) {
 			delete(s.peers, id)
 			continue
 		}
@@ -592,7 +647,7 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
 	if err != nil {
 		return err
 	}
-	cfg.RuntimeParams["application_name"] = listenerName(s.node)
+	cfg.RuntimeParams["application_name"] = listenerName(s.node, cfg.RuntimeParams["application_name"])
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return err
@@ -605,10 +660,12 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
 	defer s.listening.Store(false)
 	// The hello goes on this connection: it is sent once LISTEN is in
 	// force, and a failure to send it ends the listener like any other.
-	if _, err := conn.Exec(ctx, helloSQL, channel, s.node+":"+s.scope); err != nil {
+	if _, err := conn.Exec(ctx, helloSQL, channel, strings.TrimPrefix(s.hello(), helloPrefix)); err != nil {
 		return err
 	}
 	s.helloed.Store(true)
+	s.said.Store(true)
+	defer s.said.Store(false)
 	pctx, stopWatch := context.WithCancel(ctx)
 	watched := make(chan struct{})
 	go func() {
@@ -651,7 +708,7 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
 		}
 		s.heardPeer(hello)
 		if hello || hi {
-			s.heardFrom(node)
+			s.heardFrom(node, hello && info == namedMark)
 		}
 		if hello {
 			continue // a node saying it is there, not work
@@ -695,7 +752,7 @@ func (s *Store) peerCommitted(ready peerReady) {
 // Listening reports whether this node's LISTEN connection is up and has
 // said hello on it: notifications reach the node, and the other nodes
 // know of it.
-func (s *Store) Listening() bool { return s.listening.Load() && s.helloed.Load() }
+func (s *Store) Listening() bool { return s.said.Load() }
 
 // DB exposes the pool for tests.
 func (s *Store) DB() *sql.DB { return s.Store.DB() }

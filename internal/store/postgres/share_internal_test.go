@@ -201,21 +201,37 @@ func TestTimerShareCountsRunningNodes(t *testing.T) {
 	poll(t, "a counts b", func() bool { _, of := a.timerShare(); return of == 2 })
 	poll(t, "b said hello", b.helloed.Load)
 	// a's timer loop is woken when b leaves: part of b's share, held back
-	// at a's last read, is a's now.
+	// at a's last read, is a's now. (Waited for before a reads its share,
+	// which would wake the loop itself on finding it changed.)
+	woken := timerWakes(a)
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitWoken(t, woken, "b's goodbye wakes a's timer loop")
+	if _, of := a.timerShare(); of != 1 {
+		t.Errorf("a counts %d nodes after b's goodbye, want 1", of)
+	}
+}
+
+// timerWakes records the wake-ups of s's timer loop (its commit hook told
+// of a timer due).
+func timerWakes(s *Store) <-chan struct{} {
 	woken := make(chan struct{}, 100)
-	a.OnCommit(func(c store.Committed) {
+	s.OnCommit(func(c store.Committed) {
 		if !c.TimerDue.IsZero() {
 			woken <- struct{}{}
 		}
 	})
-	if err := b.Close(); err != nil {
-		t.Fatal(err)
-	}
-	poll(t, "a drops b on its goodbye", func() bool { _, of := a.timerShare(); return of == 1 })
+	return woken
+}
+
+// waitWoken waits for a wake-up on woken.
+func waitWoken(t *testing.T, woken <-chan struct{}, what string) {
+	t.Helper()
 	select {
 	case <-woken:
-	default:
-		t.Error("b's goodbye did not wake a's timer loop")
+	case <-time.After(10 * time.Second):
+		t.Fatalf("timed out waiting: %s", what)
 	}
 }
 
@@ -313,71 +329,92 @@ func setStep(t *testing.T, s *Store, runID, step, to string, now time.Time) {
 // TestTimerShareDropsGoneNode: a node whose process ended without a
 // goodbye (its connections closed with it) leaves the others' timer share
 // at their next check of its listener, not after peerTTL, and that wakes
-// their timer loops; a node whose listener is still connected stays.
+// their timer loops; a node whose listener is still connected stays, and
+// so does one whose hello did not say its listener is named (a version
+// before named listeners), which leaves after peerTTL.
 func TestTimerShareDropsGoneNode(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	a := openNode(t, dsn)
 	listen(t, a)
 	poll(t, "a's own hello back", func() bool { return a.self.Load() >= 0 })
-	// The other node is a bare connection named as a node's listener,
-	// which says hello as one does.
+	// The other node is a bare connection named as a node's listener is
+	// (with the URL's own name after it), which says hello as one does.
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.RuntimeParams["application_name"] = listenerName("OTHER")
+	cfg.RuntimeParams["application_name"] = listenerName("OTHER", "billing app")
 	other, err := pgx.ConnectConfig(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer other.Close(context.WithoutCancel(t.Context()))
-	if _, err := other.Exec(t.Context(), helloSQL, channel, "OTHER:"+a.scope); err != nil {
-		t.Fatal(err)
+	// NAMELESS says hello as nodes before named listeners did.
+	for _, id := range []string{"OTHER?" + namedMark, "NAMELESS"} {
+		if _, err := other.Exec(t.Context(), helloSQL, channel, id+":"+a.scope); err != nil {
+			t.Fatal(err)
+		}
 	}
-	poll(t, "a counts the other node", func() bool { _, of := a.timerShare(); return of == 2 })
+	poll(t, "a counts both other nodes", func() bool { _, of := a.timerShare(); return of == 3 })
 	if err := a.dropGonePeers(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if _, of := a.timerShare(); of != 2 {
-		t.Fatalf("a counts %d nodes after checking a node whose listener is connected, want 2", of)
+	if _, of := a.timerShare(); of != 3 {
+		t.Fatalf("a counts %d nodes after checking a node whose listener is connected and one whose listener is not named, want 3", of)
 	}
-	woken := make(chan struct{}, 100)
-	a.OnCommit(func(c store.Committed) {
-		if !c.TimerDue.IsZero() {
-			woken <- struct{}{}
-		}
-	})
+	woken := timerWakes(a)
 	if err := other.Close(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	// a's own check, every peerCheckEvery, finds the listener gone.
-	poll(t, "a drops the node whose listener is gone", func() bool { _, of := a.timerShare(); return of == 1 })
-	select {
-	case <-woken:
-	default:
-		t.Error("dropping the gone node did not wake a's timer loop")
+	waitWoken(t, woken, "a drops the node whose listener is gone, waking its timer loop")
+	a.peersMu.Lock()
+	_, otherKept := a.peers["OTHER"]
+	_, namelessKept := a.peers["NAMELESS"]
+	a.peersMu.Unlock()
+	if otherKept || !namelessKept {
+		t.Errorf("after OTHER's listener went: OTHER kept %v (want false), NAMELESS kept %v (want true: its listener is not named)", otherKept, namelessKept)
+	}
+	if _, of := a.timerShare(); of != 2 {
+		t.Errorf("a counts %d nodes, want 2", of)
 	}
 }
 
 // TestPeerCheckKeepsNodesHeardSince: a node heard from after a check of
 // the listeners began is kept, though the check did not find its
-// listener (one that reconnected says hello again as it comes back).
+// listener (one that reconnected says hello again as it comes back); and
+// a check that cannot find this node's own listener (a pooler renaming
+// connections) drops no one.
 func TestPeerCheckKeepsNodesHeardSince(t *testing.T) {
-	s := openNode(t, pgtest.DSN(t)) // never listens: nothing else moves its clock
-	later := time.Now().Add(time.Hour)
-	s.now = func() time.Time { return later }
-	s.heardFrom("LATER") // heard, as it were, while the check runs
-	s.now = time.Now
-	s.heardFrom("EARLIER")
-	if err := s.dropGonePeers(t.Context()); err != nil {
+	dsn := pgtest.DSN(t)
+	a := openNode(t, dsn)
+	listen(t, a)
+	poll(t, "a's listener up", a.Listening)
+	a.heardFrom("LATER", true)
+	a.heardFrom("EARLIER", true)
+	a.peersMu.Lock()
+	a.peers["LATER"].at += int64(time.Hour) // heard, as it were, while the check runs
+	a.peersMu.Unlock()
+	if err := a.dropGonePeers(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	s.peersMu.Lock()
-	defer s.peersMu.Unlock()
-	if _, ok := s.peers["LATER"]; !ok {
+	a.peersMu.Lock()
+	_, later := a.peers["LATER"]
+	_, earlier := a.peers["EARLIER"]
+	a.peersMu.Unlock()
+	if !later {
 		t.Error("the check dropped a node heard from after it began")
 	}
-	if _, ok := s.peers["EARLIER"]; ok {
+	if earlier {
 		t.Error("the check kept a node heard from before it began, with no listener connected")
+	}
+
+	w := openNode(t, dsn) // never listens: its own listener is nowhere
+	w.heardFrom("EARLIER", true)
+	if err := w.dropGonePeers(t.Context()); err == nil {
+		t.Error("a check that found no listener of its own node did not fail")
+	}
+	if _, of := w.timerShare(); of != 2 {
+		t.Errorf("a failed check dropped a node: %d counted, want 2", of)
 	}
 }

@@ -15,14 +15,7 @@ import (
 // triggers runs on both: every step executes once per attempt, and no run's
 // DAG is advanced twice for one event.
 func TestTwoNodesShareOnePostgres(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the ferry binary")
-	}
-	t.Parallel()
-	// At most 16 connections a node, not 32: the two nodes under load
-	// held 66, and with the other packages' tests running beside them the
-	// suite came within four of the local server's max_connections (100).
-	db := pgtest.WithParam(t, pgtest.DSN(t), "ferry_max_conns", "16")
+	db := nodesDB(t)
 	up := newUpstream(t)
 	var mu sync.Mutex
 	calls := map[string]int{} // run:step:attempt -> count
@@ -214,11 +207,7 @@ func TestTwoNodesShareTaskReports(t *testing.T) {
 // leaving, under one id), and every run's wake-up is fired: the runs
 // whose timers were the killed node's complete too.
 func TestKilledNodeLeavesTimerShare(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the ferry binary")
-	}
-	t.Parallel()
-	db := pgtest.WithParam(t, pgtest.DSN(t), "ferry_max_conns", "16")
+	db := nodesDB(t)
 	up := newUpstream(t)
 	up.handle("/after", jsonReply(200, `{"ok": true}`))
 	a := startServer(t, freePort(t), db, "--log-level", "info")
@@ -242,6 +231,20 @@ func TestKilledNodeLeavesTimerShare(t *testing.T) {
 		t.Errorf("the node that joined (%q) is not the one gone (%q)", joined, gone)
 	}
 	ca.waitAll(ids, "completed", 30*time.Second, func(r map[string]any) bool { return r["status"] == "completed" })
+}
+
+// nodesDB is the database URL of a fresh schema for several server
+// processes, with t parallel to other tests (skipped with -short). At
+// most 16 connections a node, not 32: two nodes under load held 66, and
+// with the other packages' tests running beside them the suite came
+// within four of the local server's max_connections (100).
+func nodesDB(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs the ferry binary")
+	}
+	t.Parallel()
+	return pgtest.WithParam(t, pgtest.DSN(t), "ferry_max_conns", "16")
 }
 
 // waitLog waits for a line of p's output that contains s and returns it.

@@ -178,9 +178,9 @@ func listen(t *testing.T, s *Store) (<-chan struct{}, func()) {
 
 // rawListener records the notifications of scope on Ferry's channel, each
 // as its node id, prefixed by helloPrefix for a hello (and as sent, hiPrefix
-// or byePrefix for those) and, except for a hello (whose "?" says its
-// listener is named), followed by "?" when it tells what its commits made
-// ready (a wake-up for everything does not); it is LISTENing when it
+// or byePrefix for those) and, except for a hello or a hi whose "?L" says
+// its listener is named, followed by "?" when it tells what its commits
+// made ready (a wake-up for everything does not); it is LISTENing when it
 // returns.
 func rawListener(t *testing.T, dsn, scope string) <-chan string {
 	t.Helper()
@@ -206,10 +206,12 @@ func rawListener(t *testing.T, dsn, scope string) <-chan string {
 			if sc != scope {
 				continue
 			}
-			id, _, told := strings.Cut(node, "?")
+			id, info, told := strings.Cut(node, "?")
 			switch {
 			case hello:
 				node = helloPrefix + id
+			case info == namedMark: // a hi of a named listener
+				node = id
 			case told:
 				node = id + "?"
 			}

@@ -74,6 +74,7 @@ type Store struct {
 	share     atomic.Pointer[share]
 	helloed   atomic.Bool // it said hello once: others may count it
 	said      atomic.Bool // the listener up now said hello on its connection
+	named     atomic.Bool // its check found its listener by name (mark)
 	lastShare *share      // the share computed before (under peersMu)
 	pubDone   sync.WaitGroup
 	closeOnce sync.Once
@@ -263,7 +264,7 @@ func (s *Store) publish() {
 				// A running node's wake-up for everything (an answer
 				// to a hello, among others) says it runs: a newcomer
 				// counts it in the timer share at once.
-				payload = hiPrefix + payload
+				payload = hiPrefix + s.node + s.mark() + ":" + s.scope
 			}
 		}
 		if !s.notify(payload) {
@@ -295,10 +296,13 @@ const (
 	// hiPrefix marks a listening node's wake-up for everything: it runs
 	// (see timerShare). Nodes before it take it for any wake-up.
 	hiPrefix = "hi/"
-	// namedMark follows a hello's node id (as "?L"): the node's listener
-	// is named for it (listenerName), so the others may drop the node
-	// once that connection is gone (dropGonePeers). Nodes before it read
-	// it as what a commit made ready, which a hello does not carry.
+	// namedMark follows the node id of a hello or a hi (as "?L"): the
+	// node's own check found its listener under its name (listenerName),
+	// so the others may drop the node once that connection is gone
+	// (dropGonePeers). Nodes before it skip it in a hello, and in a hi
+	// take it for a notification that says nothing they can read, which
+	// wakes them for everything, as a hi does (decodeReady must never
+	// accept it).
 	namedMark = "L"
 	// helloSQL is the listener's first hello, after LISTEN.
 	helloSQL = "SELECT pg_notify($1, '" + helloPrefix + "' || $2)"
@@ -317,7 +321,19 @@ func (s *Store) notify(payload string) bool {
 
 // hello is this node's hello.
 func (s *Store) hello() string {
-	return helloPrefix + s.node + "?" + namedMark + ":" + s.scope
+	return helloPrefix + s.node + s.mark() + ":" + s.scope
+}
+
+// mark is what follows this node's id in its hellos and hi's: namedMark
+// while Postgres shows its listener under its name (checked as the
+// listener starts and at each check of the peers: a pooler that renames
+// connections would have the others drop it at every check and count it
+// again at every notification).
+func (s *Store) mark() string {
+	if s.named.Load() {
+		return "?" + namedMark
+	}
+	return ""
 }
 
 // alone: this node listens, its own hellos come back, and it has heard no
@@ -355,7 +371,7 @@ type share struct {
 // peer is another node of this scope heard from.
 type peer struct {
 	at    int64 // when last heard from (since base)
-	named bool  // its hello said its listener is named (namedMark)
+	named bool  // its last hello or hi said its listener is named (namedMark)
 }
 
 // shareEvery is how long a computed timer share is used: nodes that go
@@ -375,7 +391,7 @@ func (s *Store) heardFrom(node string, named bool) {
 		s.share.Store(nil)
 	}
 	p.at = s.since()
-	p.named = p.named || named
+	p.named = named
 	s.peersMu.Unlock()
 	if !known {
 		slog.Info("postgres node joined the timer share", "node", node)
@@ -424,6 +440,13 @@ func listenerName(node, app string) string {
 	return listenerPrefix + node + " " + app
 }
 
+// listenerID is the node id in a listener's application_name.
+func listenerID(app string) (string, bool) {
+	rest, ok := strings.CutPrefix(app, listenerPrefix)
+	id, _, _ := strings.Cut(rest, " ")
+	return id, ok && id != ""
+}
+
 // peerCheckEvery is how often a listening node with peers checks that
 // their listeners are still connected; peerCheckTimeout bounds a check.
 const (
@@ -468,14 +491,20 @@ func (s *Store) dropGonePeers(ctx context.Context) error {
 		if err := rows.Scan(&name); err != nil {
 			return fmt.Errorf("postgres: check peers: %w", err)
 		}
-		id, _, _ := strings.Cut(strings.TrimPrefix(name, listenerPrefix), " ")
-		alive[id] = true
+		if id, ok := listenerID(name); ok {
+			alive[id] = true
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("postgres: check peers: %w", err)
 	}
 	if !alive[s.node] {
+		s.named.Store(false)
 		return fmt.Errorf("postgres: check peers: this node's own listener (application_name %q) is not in pg_stat_activity", listenerPrefix+s.node)
+	}
+	if !s.named.Swap(true) {
+		// The others learn it at once, not at the next hello.
+		s.notify(s.hello())
 	}
 	var gone []string
 	s.forget(func(id string, p *peer) bool {
@@ -658,6 +687,15 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
 	}
 	s.listening.Store(true)
 	defer s.listening.Store(false)
+	// Whether Postgres shows this connection under its name (a pooler may
+	// rename it): the hello says so (mark), and the others may then drop
+	// this node once the connection is gone.
+	var app string
+	if err := conn.QueryRow(ctx, "SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()").Scan(&app); err != nil {
+		return err
+	}
+	id, ok := listenerID(app)
+	s.named.Store(ok && id == s.node)
 	// The hello goes on this connection: it is sent once LISTEN is in
 	// force, and a failure to send it ends the listener like any other.
 	if _, err := conn.Exec(ctx, helloSQL, channel, strings.TrimPrefix(s.hello(), helloPrefix)); err != nil {
@@ -708,10 +746,13 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
 		}
 		s.heardPeer(hello)
 		if hello || hi {
-			s.heardFrom(node, hello && info == namedMark)
+			s.heardFrom(node, info == namedMark)
 		}
 		if hello {
 			continue // a node saying it is there, not work
+		}
+		if hi && info == namedMark {
+			told = false // a wake-up for everything
 		}
 		// (Without a commit hook, what it says reaches no one: Wakeups
 		// wakes for everything instead.)

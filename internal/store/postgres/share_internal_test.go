@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -390,10 +391,11 @@ func TestPeerCheckKeepsNodesHeardSince(t *testing.T) {
 	a := openNode(t, dsn)
 	listen(t, a)
 	poll(t, "a's listener up", a.Listening)
-	a.heardFrom("LATER", true)
 	a.heardFrom("EARLIER", true)
 	a.peersMu.Lock()
-	a.peers["LATER"].at += int64(time.Hour) // heard, as it were, while the check runs
+	// Heard, as it were, while the check runs (set in one step: a's own
+	// checks run beside this test).
+	a.peers["LATER"] = &peer{at: a.since() + int64(time.Hour), named: true}
 	a.peersMu.Unlock()
 	if err := a.dropGonePeers(t.Context()); err != nil {
 		t.Fatal(err)
@@ -416,5 +418,32 @@ func TestPeerCheckKeepsNodesHeardSince(t *testing.T) {
 	}
 	if _, of := w.timerShare(); of != 2 {
 		t.Errorf("a failed check dropped a node: %d counted, want 2", of)
+	}
+}
+
+// TestHelloSaysListenerNamed: a node whose listener Postgres shows under
+// its name says so in its hello and in its answers to the others' hellos
+// (hi), so a newcomer may drop an older node that dies as soon as the
+// older one may drop it.
+func TestHelloSaysListenerNamed(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	a, b := openNode(t, dsn), openNode(t, dsn)
+	hearEachOther(t, a, b) // a listens first: b learns of a from a's hi
+	for _, n := range []struct {
+		who     string
+		s       *Store
+		of      string
+		heardBy *Store
+	}{{"a", a, "b", b}, {"b", b, "a", a}} {
+		if !n.s.named.Load() || !strings.Contains(n.s.hello(), "?"+namedMark+":") {
+			t.Errorf("%s: named %v, hello %q: want its listener named, and the hello to say so", n.who, n.s.named.Load(), n.s.hello())
+		}
+		n.heardBy.peersMu.Lock()
+		p := n.heardBy.peers[n.s.node]
+		named := p != nil && p.named
+		n.heardBy.peersMu.Unlock()
+		if !named {
+			t.Errorf("%s does not know %s's listener is named", n.of, n.who)
+		}
 	}
 }

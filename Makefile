@@ -2,7 +2,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: test vet fmt build run bench bench-peers bench-ab fuzz
+.PHONY: test vet fmt build run bench bench-peers bench-dbos bench-ab fuzz
 
 # FERRY_RUNCACHE_CHECK: every run SQLite's writer takes from its cache is
 # compared with the tables (a difference fails the write).
@@ -44,6 +44,13 @@ bench:
 # the host's speed moves, ratios measured together do not.
 bench-peers:
 	cd bench/peers/river && $(GO) run . --repeat 3 --database '$(BENCH_PG)'
+
+# DBOS Transact Go, the peer behind the chain10, fanout and sleep targets,
+# measured the same way (bench/peers/dbos, a module of its own) on SQLite
+# and Postgres: all four workloads, or W=chain10 and so on.
+bench-dbos:
+	cd bench/peers/dbos && $(GO) run . --workload '$(or $(W),all)' --database sqlite
+	cd bench/peers/dbos && $(GO) run . --workload '$(or $(W),all)' --database '$(BENCH_PG)'
 
 # Two builds side by side: ABBA runs of one workload (bench/ab), with the
 # medians, the pairs B won and the machine's CPU per unit. A is a ferry

@@ -380,8 +380,8 @@ const shareEvery = time.Second
 
 // heardFrom records another node's hello, or its wake-up for everything
 // while it listens: a node not counted in the timer share yet is counted
-// at the next read of due timers. named: a hello said the node's listener
-// is named for it.
+// at the next read of due timers. named: the hello or hi said the node's
+// listener is named for it.
 func (s *Store) heardFrom(node string, named bool) {
 	s.peersMu.Lock()
 	p, known := s.peers[node]
@@ -459,8 +459,8 @@ const (
 // crash, a kill) has no goodbye to send, but its connections close with
 // it and Postgres ends their backends at once; without this check its
 // share of the timers would be fired TimerShareGrace late until peerTTL
-// had passed since its last hello. Only a node whose hello said its
-// listener is named (namedMark) is dropped: a node of a version before
+// had passed since its last hello. Only a node whose last hello or hi
+// said its listener is named (namedMark) is dropped: a node of a version before
 // this one leaves after peerTTL, as before (dropping it at every check,
 // to count it again at its next notification, would have both nodes fire
 // its share). Nor does a check that cannot find this node's own listener
@@ -685,17 +685,17 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
 	if _, err := conn.Exec(ctx, "LISTEN "+channel); err != nil {
 		return err
 	}
-	s.listening.Store(true)
-	defer s.listening.Store(false)
 	// Whether Postgres shows this connection under its name (a pooler may
 	// rename it): the hello says so (mark), and the others may then drop
-	// this node once the connection is gone.
+	// this node once the connection is gone. Known before the node counts
+	// as listening, so that no hi goes out with the last connection's
+	// answer; a failed look says no, and the node listens all the same.
 	var app string
-	if err := conn.QueryRow(ctx, "SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()").Scan(&app); err != nil {
-		return err
-	}
+	named := conn.QueryRow(ctx, "SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()").Scan(&app) == nil
 	id, ok := listenerID(app)
-	s.named.Store(ok && id == s.node)
+	s.named.Store(named && ok && id == s.node)
+	s.listening.Store(true)
+	defer s.listening.Store(false)
 	// The hello goes on this connection: it is sent once LISTEN is in
 	// force, and a failure to send it ends the listener like any other.
 	if _, err := conn.Exec(ctx, helloSQL, channel, strings.TrimPrefix(s.hello(), helloPrefix)); err != nil {

@@ -428,7 +428,16 @@ func TestPeerCheckKeepsNodesHeardSince(t *testing.T) {
 func TestHelloSaysListenerNamed(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	a, b := openNode(t, dsn), openNode(t, dsn)
-	hearEachOther(t, a, b) // a listens first: b learns of a from a's hi
+	// a listens and says hello before b listens: b learns of a from a's
+	// answer to b's hello (hi) alone.
+	listen(t, a)
+	poll(t, "a's listener up", a.Listening)
+	listen(t, b)
+	poll(t, "each node counts the other in its share", func() bool {
+		_, ofA := a.timerShare()
+		_, ofB := b.timerShare()
+		return ofA == 2 && ofB == 2
+	})
 	for _, n := range []struct {
 		who     string
 		s       *Store

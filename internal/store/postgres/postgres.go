@@ -460,10 +460,10 @@ const (
 // it and Postgres ends their backends at once; without this check its
 // share of the timers would be fired TimerShareGrace late until peerTTL
 // had passed since its last hello. Only a node whose last hello or hi
-// said its listener is named (namedMark) is dropped: a node of a version before
-// this one leaves after peerTTL, as before (dropping it at every check,
-// to count it again at its next notification, would have both nodes fire
-// its share). Nor does a check that cannot find this node's own listener
+// said its listener is named (namedMark) is dropped: a node of a version
+// before this one leaves after peerTTL, as before (dropping it at every
+// check, to count it again at its next notification, would have both
+// nodes fire its share). Nor does a check that cannot find this node's own listener
 // drop anyone (a pooler that renames connections): it fails instead. A
 // node heard from since the check began is kept (a listener that
 // reconnected says hello again), and a failed check drops no one:

@@ -174,6 +174,14 @@ func newMetrics(st store.Store) *metrics.Metrics {
 				})
 		}
 	}
+	if s, ok := st.(interface{ TimerShare() (index, of int) }); ok && st.Dialect() == "postgres" {
+		m.Gauge("ferry_timer_share_nodes",
+			"Servers this one shares the due timers with, itself included (Postgres): those heard from within a minute that have not said goodbye or been found gone.",
+			nil, func() float64 {
+				_, of := s.TimerShare()
+				return float64(of)
+			})
+	}
 	return m
 }
 

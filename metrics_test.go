@@ -131,6 +131,10 @@ func testMetrics(t *testing.T, srv *ferrytest.Server, db string) {
 		if _, ok := sample(m, "ferry_optimistic_batches_total", map[string]string{"outcome": "written"}); !ok {
 			t.Error("no ferry_optimistic_batches_total on Postgres")
 		}
+		// A server alone shares the timers with no one.
+		if v, ok := sample(m, "ferry_timer_share_nodes", nil); !ok || v != 1 {
+			t.Errorf("ferry_timer_share_nodes = %v (served %v), want 1", v, ok)
+		}
 	}
 	// The operations guide lists exactly the ferry_ metrics served.
 	doc, err := os.ReadFile("docs/operations.md")
@@ -147,7 +151,7 @@ func testMetrics(t *testing.T, srv *ferrytest.Server, db string) {
 		}
 	}
 	for name := range documented {
-		if m[name] == nil && !(name == "ferry_optimistic_batches_total" && db == "sqlite") {
+		if m[name] == nil && !(postgresOnly[name] && db == "sqlite") {
 			t.Errorf("docs/operations.md lists %s, which is not served", name)
 		}
 	}
@@ -209,6 +213,9 @@ next:
 }
 
 // sample is a counter's or gauge's value, or a histogram's count.
+// postgresOnly are the ferry_ metrics a SQLite server does not serve.
+var postgresOnly = map[string]bool{"ferry_optimistic_batches_total": true, "ferry_timer_share_nodes": true}
+
 func sample(m map[string]*dto.MetricFamily, name string, labels map[string]string) (float64, bool) {
 	x, ok := find(m, name, labels)
 	switch {

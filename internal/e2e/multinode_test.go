@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"fmt"
+	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -225,10 +227,16 @@ func TestKilledNodeLeavesTimerShare(t *testing.T) {
 		}
 		ids = append(ids, c.trigger("naps", `{}`))
 	}
+	if n := ca.gauge("ferry_timer_share_nodes"); n != 2 {
+		t.Errorf("a counts %v servers in the timer share with b running, want 2", n)
+	}
 	b.kill()
 	gone := waitLog(t, a, "postgres node gone")
 	if id := logAttr(joined, "node"); id == "" || id != logAttr(gone, "node") {
 		t.Errorf("the node that joined (%q) is not the one gone (%q)", joined, gone)
+	}
+	if n := ca.gauge("ferry_timer_share_nodes"); n != 1 {
+		t.Errorf("a counts %v servers in the timer share after b was killed, want 1", n)
 	}
 	ca.waitAll(ids, "completed", 30*time.Second, func(r map[string]any) bool { return r["status"] == "completed" })
 }
@@ -245,6 +253,28 @@ func nodesDB(t *testing.T) string {
 	}
 	t.Parallel()
 	return pgtest.WithParam(t, pgtest.DSN(t), "ferry_max_conns", "16")
+}
+
+// gauge is the value of an unlabelled metric in c's /metrics, or -1.
+func (c client) gauge(name string) float64 {
+	c.t.Helper()
+	req, _ := http.NewRequest("GET", c.base+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+apiKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		c.t.Fatalf("GET /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err == nil {
+				return f
+			}
+		}
+	}
+	return -1
 }
 
 // waitLog waits for a line of p's output that contains s and returns it.

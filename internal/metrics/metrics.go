@@ -100,6 +100,11 @@ func (m *Metrics) Counter(name, help string, labels prometheus.Labels, f func() 
 	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels}, f))
 }
 
+// Gauge adds a gauge read from f at each scrape.
+func (m *Metrics) Gauge(name, help string, labels prometheus.Labels, f func() float64) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels}, f))
+}
+
 // Events counts what a commit appended to runs' and tasks' event logs.
 // Run and step events are those whose type begins run_, step_ or
 // webhook_ (the API's event types); the others are task events.

@@ -790,6 +790,11 @@ func (s *Store) peerCommitted(ready peerReady) {
 	}
 }
 
+// TimerShare is this node's share of the due timers: its place among the
+// nodes it counts (itself included) and how many they are (see
+// timerShare).
+func (s *Store) TimerShare() (index, of int) { return s.timerShare() }
+
 // Listening reports whether this node's LISTEN connection is up and has
 // said hello on it: notifications reach the node, and the other nodes
 // know of it.

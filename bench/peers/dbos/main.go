@@ -148,6 +148,11 @@ func once(ctx context.Context, workload, database string, n int) (result, error)
 			return true, nil
 		}
 	}
+	// step runs workflow i's next no-op step.
+	step := func(ctx dbos.Context, i int) error {
+		_, err := dbos.RunAsStep(ctx, noop(i))
+		return err
+	}
 	// Steps as Ferry counts them: the sleep is one.
 	steps := map[string]int{"jobs": 1, "chain10": 10, "fanout": 2 + fanWidth, "sleep": 2}[workload]
 	var wf dbos.Workflow[int, bool]
@@ -156,7 +161,7 @@ func once(ctx context.Context, workload, database string, n int) (result, error)
 		wf = func(ctx dbos.Context, i int) (bool, error) {
 			defer m.ended.Add(1)
 			for range steps {
-				if _, err := dbos.RunAsStep(ctx, noop(i)); err != nil {
+				if err := step(ctx, i); err != nil {
 					return false, err
 				}
 			}
@@ -165,7 +170,7 @@ func once(ctx context.Context, workload, database string, n int) (result, error)
 	case "fanout":
 		wf = func(ctx dbos.Context, i int) (bool, error) {
 			defer m.ended.Add(1)
-			if _, err := dbos.RunAsStep(ctx, noop(i)); err != nil {
+			if err := step(ctx, i); err != nil {
 				return false, err
 			}
 			chans := make([]<-chan dbos.StepOutcome[bool], fanWidth)
@@ -181,7 +186,7 @@ func once(ctx context.Context, workload, database string, n int) (result, error)
 					return false, o.Err
 				}
 			}
-			if _, err := dbos.RunAsStep(ctx, noop(i)); err != nil {
+			if err := step(ctx, i); err != nil {
 				return false, err
 			}
 			return true, nil
@@ -202,7 +207,7 @@ func once(ctx context.Context, workload, database string, n int) (result, error)
 				return false, err
 			}
 			returned := time.Since(deadline)
-			if _, err := dbos.RunAsStep(ctx, noop(i)); err != nil {
+			if err := step(ctx, i); err != nil {
 				return false, err
 			}
 			late := time.Since(deadline)

@@ -32,14 +32,7 @@ func TestTimerShares(t *testing.T) {
 		if i >= 30 {
 			at = now.Add(-2 * sqlstore.TimerShareGrace)
 		}
-		r, _, err := a.CreateRun(t.Context(), &store.NewRun{
-			Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: now.Add(time.Hour), StartedAt: now},
-			Steps: []*store.StepRun{{Name: "nap", Type: "sleep", Status: status.StepSleeping}},
-			Queue: []store.QueueItem{{Kind: store.KindWake, Step: "nap", DueAt: at}},
-		}, now)
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := napRun(t, a, wf, status.StepSleeping, at, now.Add(time.Hour), now)
 		if i >= 30 {
 			overdue = append(overdue, r.ID)
 		} else {
@@ -82,14 +75,7 @@ func TestTimerShares(t *testing.T) {
 		return at
 	}
 	later := now.Add(90 * time.Minute) // past the other runs' expiry
-	r, _, err := a.CreateRun(t.Context(), &store.NewRun{
-		Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: now.Add(3 * time.Hour), StartedAt: now},
-		Steps: []*store.StepRun{{Name: "nap", Type: "sleep", Status: status.StepSleeping}},
-		Queue: []store.QueueItem{{Kind: store.KindWake, Step: "nap", DueAt: later}},
-	}, now)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := napRun(t, a, wf, status.StepSleeping, later, now.Add(3*time.Hour), now)
 	owner, other := a, b
 	if items, _ := b.DueTimers(t.Context(), later, later, 1000); slices.ContainsFunc(items, func(it *store.QueueItem) bool { return it.RunID == r.ID }) {
 		owner, other = b, a
@@ -247,14 +233,7 @@ func TestFireRereadsRunWrittenElsewhere(t *testing.T) {
 	b := openNode(t, dsn)
 	ctx := t.Context()
 	now := time.Now().UTC().Truncate(time.Microsecond)
-	run, _, err := a.CreateRun(ctx, &store.NewRun{
-		Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: now.Add(time.Hour), StartedAt: now},
-		Steps: []*store.StepRun{{Name: "nap", Type: "sleep", Status: status.StepPending}},
-		Queue: []store.QueueItem{{Kind: store.KindWake, Step: "nap", DueAt: now}},
-	}, now)
-	if err != nil {
-		t.Fatal(err)
-	}
+	run := napRun(t, a, wf, status.StepPending, now, now.Add(time.Hour), now)
 	// a writes the run, and so caches it as it is.
 	if err := a.InRun(ctx, run.ID, now, func(tx store.RunTx) error {
 		return tx.Append(store.NewEvent{Type: "noted"})
@@ -455,4 +434,19 @@ func TestHelloSaysListenerNamed(t *testing.T) {
 			t.Errorf("%s does not know %s's listener is named", n.of, n.who)
 		}
 	}
+}
+
+// napRun creates through s a running run of wf whose step nap, in status
+// st, has its wake-up queued at due; the run expires at expires.
+func napRun(t *testing.T, s *Store, wf *store.Workflow, st string, due, expires, now time.Time) *store.Run {
+	t.Helper()
+	r, _, err := s.CreateRun(t.Context(), &store.NewRun{
+		Run:   store.Run{WorkflowID: wf.ID, Version: 1, Status: status.RunRunning, Input: json.RawMessage(`{}`), ExpiresAt: expires, StartedAt: now},
+		Steps: []*store.StepRun{{Name: "nap", Type: "sleep", Status: st}},
+		Queue: []store.QueueItem{{Kind: store.KindWake, Step: "nap", DueAt: due}},
+	}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }

@@ -43,6 +43,7 @@ bench:
 # of its own so Ferry's go.mod never takes River). Run it beside make bench:
 # the host's speed moves, ratios measured together do not.
 bench-peers:
+	cd bench/peers/river && $(GO) run . --repeat 3 --database sqlite
 	cd bench/peers/river && $(GO) run . --repeat 3 --database '$(BENCH_PG)'
 
 # DBOS Transact Go, the peer behind the chain10, fanout and sleep targets,

@@ -7,6 +7,10 @@
 // repeat with the keys of Ferry's bench, so the two can be compared on
 // the same host at the same time (the host's speed moves run to run).
 //
+// --database sqlite runs it on a new SQLite file through River's SQLite
+// driver (one connection, as that driver's documentation asks; WAL with
+// every commit synced, Ferry's durability), else on the Postgres URL.
+//
 // It is a module of its own so that Ferry's go.mod never takes River,
 // and it must not import Ferry: it measures the peer alone.
 // `make bench-peers` runs it; it is not part of `make test`.

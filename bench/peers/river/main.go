@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"math"
 	"net/url"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -17,8 +19,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/riverdriver/riversqlite"
 	"github.com/riverqueue/river/rivermigrate"
+	_ "modernc.org/sqlite"
 )
 
 type noopArgs struct{}
@@ -60,7 +65,7 @@ const (
 
 func main() {
 	n := flag.Int("n", 20000, "jobs")
-	database := flag.String("database", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "Postgres URL (a schema is made and dropped per run)")
+	database := flag.String("database", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "sqlite (a new file per run) or a Postgres URL (a schema is made and dropped per run)")
 	repeat := flag.Int("repeat", 1, "runs")
 	flag.Parse()
 	for range *repeat {
@@ -75,6 +80,39 @@ func main() {
 }
 
 func once(ctx context.Context, database string, n int) (result, error) {
+	if database == "sqlite" {
+		return onSQLite(ctx, n)
+	}
+	return onPostgres(ctx, database, n)
+}
+
+// onSQLite runs the workload on a new SQLite file through River's SQLite
+// driver, with one connection as its documentation asks (River's
+// concurrent operations otherwise fail with SQLITE_BUSY), in WAL with
+// every commit synced: the durability Ferry's default has.
+func onSQLite(ctx context.Context, n int) (result, error) {
+	dir, err := os.MkdirTemp("", "river-bench-")
+	if err != nil {
+		return result{}, err
+	}
+	defer os.RemoveAll(dir)
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "river.db")+"?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(10000)")
+	if err != nil {
+		return result{}, err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	drv := riversqlite.New(db)
+	if err := migrate(ctx, drv, ""); err != nil {
+		return result{}, err
+	}
+	r, err := run(ctx, drv, "", "sqlite", n)
+	r.Settings["sqlite_synchronous"] = "FULL" // NORMAL measured the same: River's one-row writes, not the syncs, set its pace here
+	return r, err
+}
+
+// onPostgres runs the workload in a new schema of database, dropped after.
+func onPostgres(ctx context.Context, database string, n int) (result, error) {
 	u, err := url.Parse(database)
 	if err != nil {
 		return result{}, err
@@ -98,13 +136,25 @@ func once(ctx context.Context, database string, n int) (result, error) {
 	}
 	defer pool.Close()
 	drv := riverpgxv5.New(pool)
-	m, err := rivermigrate.New(drv, &rivermigrate.Config{Schema: schema})
-	if err != nil {
+	if err := migrate(ctx, drv, schema); err != nil {
 		return result{}, err
 	}
-	if _, err := m.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
-		return result{}, fmt.Errorf("migrate: %w", err)
+	return run(ctx, drv, schema, "postgres", n)
+}
+
+func migrate[TTx any](ctx context.Context, drv riverdriver.Driver[TTx], schema string) error {
+	m, err := rivermigrate.New(drv, &rivermigrate.Config{Schema: schema})
+	if err != nil {
+		return err
 	}
+	if _, err := m.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	return nil
+}
+
+// run inserts n jobs, then starts River's workers and times the drain.
+func run[TTx any](ctx context.Context, drv riverdriver.Driver[TTx], schema, backend string, n int) (result, error) {
 	ws := river.NewWorkers()
 	river.AddWorker(ws, noopWorker{})
 	client, err := river.NewClient(drv, &river.Config{
@@ -157,7 +207,7 @@ func once(ctx context.Context, database string, n int) (result, error) {
 	defer stop()
 	_ = client.Stop(stopCtx)
 	return result{
-		Workload: "jobs", Backend: "postgres", N: n, Completed: len(lat), TotalS: round(total),
+		Workload: "jobs", Backend: backend, N: n, Completed: len(lat), TotalS: round(total),
 		UnitsPerS: round(float64(n) / total), StepsPerS: round(float64(n) / total), LatencyMS: percentiles(lat),
 		Settings: map[string]any{"peer": "river", "workers": workers, "fetch_cooldown_ms": 2, "fetch_poll_interval_ms": 20, "insert_batch": insertBatch, "create_s": round(created)},
 	}, nil

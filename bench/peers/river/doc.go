@@ -8,8 +8,10 @@
 // the same host at the same time (the host's speed moves run to run).
 //
 // --database sqlite runs it on a new SQLite file through River's SQLite
-// driver (one connection, as that driver's documentation asks; WAL with
-// every commit synced, Ferry's durability), else on the Postgres URL.
+// driver (one connection, the workaround that driver's documentation
+// gives for its concurrent operations; WAL with every commit synced,
+// Ferry's durability), else on the Postgres URL. That driver keeps times
+// to the millisecond, so SQLite latencies move in 1 ms steps.
 //
 // It is a module of its own so that Ferry's go.mod never takes River,
 // and it must not import Ferry: it measures the peer alone.

@@ -489,8 +489,10 @@ type part struct {
 	guard int
 }
 
-// updateParts are UPDATE … FROM (VALUES …) statements for rows, at most 128
-// rows each, in power-of-two sizes. On Postgres it is one UPDATE … FROM
+// updateParts are the statements that update rows. On SQLite: up to
+// rowByRow rows, a keyed UPDATE each; more, UPDATE … FROM (VALUES …)
+// statements of at most 128 rows each, in power-of-two sizes. On
+// Postgres it is one UPDATE … FROM
 // (arrayRows) of one array per column, whatever the number of rows: one
 // statement text per table, so each connection prepares it once and the
 // planner plans a handful of parameters instead of thousands (planning the
@@ -508,10 +510,10 @@ func (s *Store) updateParts(table, form string, keys, set []string, types []stri
 			text: func() string { return s.updateArrays(table, keys, set, types) }}}
 	}
 	if len(rows) <= rowByRow {
+		key, text := stmtKey{kind + " one", table, 1}, func() string { return s.updateOne(table, keys, set, types) }
 		out := make([]part, 0, len(rows))
 		for _, r := range rows {
-			out = append(out, part{key: stmtKey{kind + " one", table, 1}, args: r, what: "update " + table,
-				text: func() string { return s.updateOne(table, keys, set, types) }})
+			out = append(out, part{key: key, args: r, what: "update " + table, text: text})
 		}
 		return out
 	}
@@ -526,8 +528,9 @@ func (s *Store) updateParts(table, form string, keys, set []string, types []stri
 // VALUES, materialized first, which costs more than the lookups it saves
 // for a few rows. A chain10 group updates ≈4 tasks and runs: +5 % runs a
 // second, −12 % of the machine's CPU a run (three pairs each way); 32
-// beat 8 at 64 handlers (+7 %), and a statement a row for any number was
-// slower in jobs, whose groups update up to 128 (−1.6 %; 32: +1.9 %).
+// beat 8 (chain10 +8 % at 16 handlers, +7 % at 64), and a statement a
+// row for any number, in jobs whose groups update up to 128, was slower
+// than 8 (−1.6 %) and no better than 32.
 const rowByRow = 32
 
 // updateOne is UPDATE … WHERE keys for one row (SQLite), its parameters

@@ -30,6 +30,10 @@ func TestUpdatePartsRowByRowAndJoined(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Matches the first key of every update's first row, not the second.
+	if _, err := db.Exec(`INSERT INTO u (k1, k2, n, note, log) VALUES ('r0', 'c', 0, 'old', 'x')`); err != nil {
+		t.Fatal(err)
+	}
 	keys, set, types := []string{"k1", "k2"}, []string{"n", "note", "+log"}, []string{cText, cText, cInt, cText, cText}
 	for _, n := range []int{1, 3, rowByRow, rows} {
 		var in [][]any
@@ -68,14 +72,17 @@ func TestUpdatePartsRowByRowAndJoined(t *testing.T) {
 		}
 	}
 	var log string
-	if err := db.QueryRow(`SELECT log FROM u WHERE k1 = 'r0'`).Scan(&log); err != nil {
+	if err := db.QueryRow(`SELECT log FROM u WHERE k1 = 'r0' AND k2 = 'b'`).Scan(&log); err != nil {
 		t.Fatal(err)
 	}
 	if want := fmt.Sprintf("x,1,3,%d,%d", rowByRow, rows); log != want {
 		t.Fatalf("appended column %q, want %q", log, want)
 	}
-	var n int
-	if err := db.QueryRow(`SELECT n FROM u WHERE k1 = ?`, fmt.Sprint("r", rows)).Scan(&n); err != nil || n != 0 {
-		t.Fatalf("a row no update named: n=%d, %v", n, err)
+	for _, k := range [][2]string{{fmt.Sprint("r", rows), "b"}, {"r0", "c"}} {
+		var n int
+		var log string
+		if err := db.QueryRow(`SELECT n, log FROM u WHERE k1 = ? AND k2 = ?`, k[0], k[1]).Scan(&n, &log); err != nil || n != 0 || log != "x" {
+			t.Fatalf("row %v, which no update named: n=%d log=%q, %v", k, n, log, err)
+		}
 	}
 }

@@ -436,6 +436,8 @@ type Notifier interface {
 	// any kind, without saying which (everything is to be looked at
 	// again); closed with ctx. What another node's commits made ready,
 	// when its notification says, goes to the OnCommit function instead,
-	// as this node's own commits do, while Wakeups runs.
+	// as this node's own commits do, while Wakeups runs. When ctx ends
+	// the node tells the others it stopped running (Postgres: its
+	// goodbye, so they take its share of the timers).
 	Wakeups(ctx context.Context) <-chan struct{}
 }

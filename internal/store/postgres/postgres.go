@@ -76,8 +76,16 @@ type Store struct {
 	said      atomic.Bool // the listener up now said hello on its connection
 	named     atomic.Bool // its check found its listener by name (mark)
 	lastShare *share      // the share computed before (under peersMu)
-	pubDone   sync.WaitGroup
-	closeOnce sync.Once
+	// sayMu orders this node's hellos and hi's with its goodbye: gone
+	// says it said goodbye since its listener's last hello, and then no
+	// hello or hi may go out (the others would count it again) until a
+	// listener starts anew.
+	sayMu sync.Mutex
+	gone  bool
+	// listenFailing: the listener's last attempt failed (it warned once).
+	listenFailing atomic.Bool
+	pubDone       sync.WaitGroup
+	closeOnce     sync.Once
 }
 
 // analyzeColumns are the columns the statistics refresh summarizes, by
@@ -236,6 +244,7 @@ func (s *Store) publish() {
 	defer tick.Stop()
 	for {
 		payload := s.node + ":" + s.scope
+		presence := false // a hello or a hi: not after a goodbye
 		select {
 		case <-s.stop:
 			return
@@ -244,6 +253,7 @@ func (s *Store) publish() {
 				continue
 			}
 			payload = s.hello()
+			presence = true
 		case <-s.pub:
 			s.readyMu.Lock()
 			ready := s.ready
@@ -265,9 +275,16 @@ func (s *Store) publish() {
 				// to a hello, among others) says it runs: a newcomer
 				// counts it in the timer share at once.
 				payload = hiPrefix + s.node + s.mark() + ":" + s.scope
+				presence = true
 			}
 		}
-		if !s.notify(payload) {
+		sent := false
+		if presence {
+			sent = s.present(payload)
+		} else {
+			sent = s.notify(payload)
+		}
+		if !sent {
 			// What it carried is not lost: the next notification wakes
 			// the others for everything.
 			s.everything.Store(true)
@@ -289,9 +306,9 @@ const (
 	// helloPrefix marks a node's hello; nodes before it take a hello for
 	// a commit's wake-up, which is harmless.
 	helloPrefix = "hello/"
-	// byePrefix marks a node's goodbye (its Close): the others stop
-	// counting it in the timer share at once. Nodes before it take it
-	// for a commit's wake-up.
+	// byePrefix marks a node's goodbye (its listener's end as it stops
+	// running, or its Close): the others stop counting it in the timer
+	// share at once. Nodes before it take it for a commit's wake-up.
 	byePrefix = "bye/"
 	// hiPrefix marks a listening node's wake-up for everything: it runs
 	// (see timerShare). Nodes before it take it for any wake-up.
@@ -317,6 +334,27 @@ func (s *Store) notify(payload string) bool {
 		return false
 	}
 	return true
+}
+
+// present sends payload, a hello or a hi, unless this node said goodbye
+// since its listener's last hello; false: it failed to go out.
+func (s *Store) present(payload string) bool {
+	s.sayMu.Lock()
+	defer s.sayMu.Unlock()
+	return s.gone || s.notify(payload)
+}
+
+// goodbye tells the others that this node stops firing timers (its
+// listener ended as the node stopped running, or the store closes): they
+// take its share at once. Once after each hello.
+func (s *Store) goodbye() {
+	s.sayMu.Lock()
+	defer s.sayMu.Unlock()
+	if s.gone || !s.helloed.Load() {
+		return
+	}
+	s.gone = true
+	s.notify(byePrefix + s.node + ":" + s.scope)
 }
 
 // hello is this node's hello.
@@ -400,13 +438,15 @@ func (s *Store) heardFrom(node string, named bool) {
 
 // left forgets a node that said goodbye.
 func (s *Store) left(node string) {
-	s.forget(func(id string, _ *peer) bool { return id == node })
+	if s.forget(func(id string, _ *peer) bool { return id == node }) > 0 {
+		slog.Info("postgres node left the timer share: it said goodbye", "node", node)
+	}
 }
 
 // forget takes the nodes gone says are gone out of the timer share, and
 // wakes this node's timer loop if there were any: part of their share is
-// this node's now. gone is called under peersMu.
-func (s *Store) forget(gone func(id string, p *peer) bool) {
+// this node's now. gone is called under peersMu. It returns how many.
+func (s *Store) forget(gone func(id string, p *peer) bool) int {
 	s.peersMu.Lock()
 	var n int
 	for id, p := range s.peers {
@@ -422,6 +462,7 @@ func (s *Store) forget(gone func(id string, p *peer) bool) {
 	if n > 0 {
 		s.shareChanged()
 	}
+	return n
 }
 
 // listenerPrefix starts the application_name of a node's LISTEN
@@ -504,7 +545,7 @@ func (s *Store) dropGonePeers(ctx context.Context) error {
 	}
 	if !s.named.Swap(true) {
 		// The others learn it at once, not at the next hello.
-		s.notify(s.hello())
+		s.present(s.hello())
 	}
 	var gone []string
 	s.forget(func(id string, p *peer) bool {
@@ -565,8 +606,9 @@ func (s *Store) shareChanged() {
 // runs (its timer loop with it), while a process that only writes (an
 // engine opened without Run) notifies its commits and must own no share.
 // A newcomer counts for the others at its hello, and they for it at
-// their answers to it; a node that closes says goodbye and leaves the
-// share at once, one whose process ended leaves it at the others' next
+// their answers to it; a node that stops running (its listener ends with
+// Run's context) or closes says goodbye and leaves the share at once, one
+// whose process ended leaves it at the others' next
 // check of its listener (dropGonePeers), and one that vanished without
 // its connections closing counts until peerTTL has passed: its share is
 // fired late by TimerShareGrace meanwhile.
@@ -582,6 +624,7 @@ func (s *Store) timerShare() (index, of int) {
 	for id, p := range s.peers {
 		if now-p.at > int64(peerTTL) {
 			delete(s.peers, id)
+			slog.Info("postgres node left the timer share: not heard from for a minute", "node", id)
 			continue
 		}
 		ids = append(ids, id)
@@ -605,11 +648,9 @@ func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.stop)
 		s.pubDone.Wait()
-		// After the publisher's last notification: one sent after the
-		// goodbye would count this node again.
-		if s.helloed.Load() {
-			s.notify(byePrefix + s.node + ":" + s.scope)
-		}
+		// Said when the node stopped running, unless it closes while it
+		// runs (or it never stopped).
+		s.goodbye()
 		err = s.Store.Close()
 	})
 	return err
@@ -653,20 +694,29 @@ func isUnique(err error) bool {
 
 // Wakeups listens for NOTIFY on a dedicated connection, reconnecting after
 // failures; a missed notification only delays work until the dispatcher's
-// safety-net sweep.
+// safety-net sweep. When ctx ends the node says goodbye (see goodbye).
 func (s *Store) Wakeups(ctx context.Context) <-chan struct{} {
 	ch := make(chan struct{}, 1)
 	go func() {
 		defer close(ch)
 		for ctx.Err() == nil {
 			if err := s.listen(ctx, ch); err != nil && ctx.Err() == nil {
-				slog.Warn("postgres listen failed; retrying", "err", err)
+				// Once per outage, not every second of it (see listen).
+				if !s.listenFailing.Swap(true) {
+					slog.Warn("postgres listen failed; retrying every second", "err", err)
+				} else {
+					slog.Debug("postgres listen failed again", "err", err)
+				}
 				select {
 				case <-ctx.Done():
 				case <-time.After(time.Second):
 				}
 			}
 		}
+		// The node stops running (its timer loop with its listener): the
+		// others take its share now, not at its Close, which may come
+		// seconds later (a server finishing its requests) or never.
+		s.goodbye()
 	}()
 	return ch
 }
@@ -698,12 +748,20 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
 	defer s.listening.Store(false)
 	// The hello goes on this connection: it is sent once LISTEN is in
 	// force, and a failure to send it ends the listener like any other.
-	if _, err := conn.Exec(ctx, helloSQL, channel, strings.TrimPrefix(s.hello(), helloPrefix)); err != nil {
+	// It ends a goodbye said when the node last stopped running.
+	s.sayMu.Lock()
+	s.gone = false
+	_, err = conn.Exec(ctx, helloSQL, channel, strings.TrimPrefix(s.hello(), helloPrefix))
+	s.sayMu.Unlock()
+	if err != nil {
 		return err
 	}
 	s.helloed.Store(true)
 	s.said.Store(true)
 	defer s.said.Store(false)
+	if s.listenFailing.Swap(false) {
+		slog.Info("postgres listener connected again")
+	}
 	pctx, stopWatch := context.WithCancel(ctx)
 	watched := make(chan struct{})
 	go func() {

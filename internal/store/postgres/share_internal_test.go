@@ -450,3 +450,36 @@ func napRun(t *testing.T, s *Store, wf *store.Workflow, st string, due, expires,
 	}
 	return r
 }
+
+// TestGoodbyeWhenListenerStops: a node says goodbye when its listener
+// stops with its context (the node stops running), before any Close, so
+// the others take its share at once; no hello or hi of it follows until
+// it listens again, and then it is counted again.
+func TestGoodbyeWhenListenerStops(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	a, b := openNode(t, dsn), openNode(t, dsn)
+	heard := rawListener(t, dsn, a.scope)
+	listen(t, a)
+	_, stopB := listen(t, b)
+	poll(t, "a counts b", func() bool { _, of := a.timerShare(); return of == 2 })
+	woken := timerWakes(a)
+	stopB() // b's Run ends; b stays open
+	waitFor(t, heard, byePrefix+b.node)
+	waitWoken(t, woken, "b's goodbye wakes a's timer loop")
+	if _, of := a.timerShare(); of != 1 {
+		t.Fatalf("a counts %d nodes after b stopped running, want 1", of)
+	}
+	// A hello after the goodbye (its peer check's, or its publisher's)
+	// would have a count b again: none goes out. The commit wake-up after
+	// it marks where it would have arrived.
+	b.present(b.hello())
+	b.present(hiPrefix + b.node + b.mark() + ":" + b.scope)
+	b.notify(b.node + ":" + b.scope)
+	for _, n := range waitFor(t, heard, b.node) {
+		if strings.HasSuffix(n, b.node) && n != b.node {
+			t.Fatalf("b sent %q after its goodbye", n)
+		}
+	}
+	listen(t, b)
+	poll(t, "a counts b once it listens again", func() bool { _, of := a.timerShare(); return of == 2 })
+}

@@ -18,14 +18,18 @@ import (
 // items to finish (their contexts are cancelled; they record nothing that a
 // later claim would not redo).
 func (r *Runtime) Run(ctx context.Context) error {
+	wakeDone := make(chan struct{})
 	if n, ok := r.st.(store.Notifier); ok {
 		wakeups := n.Wakeups(ctx)
 		go func() {
+			defer close(wakeDone)
 			for range wakeups {
 				r.Nudge()
 				r.tasksReady()
 			}
 		}()
+	} else {
+		close(wakeDone)
 	}
 	timersDone := make(chan struct{})
 	go func() {
@@ -37,6 +41,9 @@ func (r *Runtime) Run(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			r.wg.Wait()
 			<-timersDone
+			// Its end (on Postgres, the node's goodbye) before Run's: a
+			// Run started after this one returns begins after it.
+			<-wakeDone
 			return nil
 		}
 		free := cap(r.sem) - len(r.sem)

@@ -77,11 +77,15 @@ type Store struct {
 	named     atomic.Bool // its check found its listener by name (mark)
 	lastShare *share      // the share computed before (under peersMu)
 	// sayMu orders this node's hellos and hi's with its goodbye: gone
-	// says it said goodbye since its listener's last hello, and then no
-	// hello or hi may go out (the others would count it again) until a
-	// listener starts anew.
-	sayMu sync.Mutex
-	gone  bool
+	// says it said goodbye since a listener last started, and then no
+	// hello or hi may go out (the others would count it again) until one
+	// starts anew. run numbers the calls of Wakeups: the goodbye of one
+	// that ended goes out only if no later one began (Run started again).
+	// closed: the store closed, and no listener starts any more.
+	sayMu  sync.Mutex
+	gone   bool
+	run    int64
+	closed bool
 	// listenFailing: the listener's last attempt failed (it warned once).
 	listenFailing atomic.Bool
 	pubDone       sync.WaitGroup
@@ -279,9 +283,14 @@ func (s *Store) publish() {
 			}
 		}
 		sent := false
-		if presence {
-			sent = s.present(payload)
-		} else {
+		switch {
+		case presence && strings.HasPrefix(payload, hiPrefix):
+			// After a goodbye, a hi's wake-up still goes out, as a
+			// plain one.
+			sent = s.present(payload, s.node+":"+s.scope)
+		case presence:
+			sent = s.present(payload, "")
+		default:
 			sent = s.notify(payload)
 		}
 		if !sent {
@@ -337,20 +346,34 @@ func (s *Store) notify(payload string) bool {
 }
 
 // present sends payload, a hello or a hi, unless this node said goodbye
-// since its listener's last hello; false: it failed to go out.
-func (s *Store) present(payload string) bool {
+// since a listener last started; then it sends instead, if not empty,
+// what wakes the others without counting this node. False: it failed to
+// go out.
+func (s *Store) present(payload, instead string) bool {
 	s.sayMu.Lock()
 	defer s.sayMu.Unlock()
-	return s.gone || s.notify(payload)
+	if s.gone {
+		return instead == "" || s.notify(instead)
+	}
+	if !s.notify(payload) {
+		return false
+	}
+	s.helloed.Store(true) // the others may count it now: it says goodbye
+	return true
 }
 
 // goodbye tells the others that this node stops firing timers (its
 // listener ended as the node stopped running, or the store closes): they
-// take its share at once. Once after each hello.
-func (s *Store) goodbye() {
+// take its share at once. Once a listener's start. run is the Wakeups
+// call whose end it is (0: the store closes), which has no goodbye to
+// say if another has begun since.
+func (s *Store) goodbye(run int64) {
 	s.sayMu.Lock()
 	defer s.sayMu.Unlock()
-	if s.gone || !s.helloed.Load() {
+	if run == 0 {
+		s.closed = true
+	}
+	if s.gone || !s.helloed.Load() || (run != 0 && run != s.run) {
 		return
 	}
 	s.gone = true
@@ -545,7 +568,7 @@ func (s *Store) dropGonePeers(ctx context.Context) error {
 	}
 	if !s.named.Swap(true) {
 		// The others learn it at once, not at the next hello.
-		s.present(s.hello())
+		s.present(s.hello(), "")
 	}
 	var gone []string
 	s.forget(func(id string, p *peer) bool {
@@ -621,10 +644,11 @@ func (s *Store) timerShare() (index, of int) {
 	// stored after this.
 	s.peersMu.Lock()
 	ids := []string{s.node}
+	var unheard []string
 	for id, p := range s.peers {
 		if now-p.at > int64(peerTTL) {
 			delete(s.peers, id)
-			slog.Info("postgres node left the timer share: not heard from for a minute", "node", id)
+			unheard = append(unheard, id)
 			continue
 		}
 		ids = append(ids, id)
@@ -635,14 +659,18 @@ func (s *Store) timerShare() (index, of int) {
 	last := s.lastShare
 	s.lastShare = sh
 	s.peersMu.Unlock()
+	for _, id := range unheard {
+		slog.Info("postgres node left the timer share: not heard from for a minute", "node", id)
+	}
 	if last != nil && (last.index != sh.index || last.of != sh.of) {
 		s.shareChanged()
 	}
 	return sh.index, sh.of
 }
 
-// Close says goodbye to the other nodes, stops the publisher and closes
-// the pools.
+// Close stops the publisher, says goodbye to the other nodes unless this
+// node did when it stopped running, ends its listener and closes the
+// pools.
 func (s *Store) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
@@ -650,7 +678,7 @@ func (s *Store) Close() error {
 		s.pubDone.Wait()
 		// Said when the node stopped running, unless it closes while it
 		// runs (or it never stopped).
-		s.goodbye()
+		s.goodbye(0)
 		err = s.Store.Close()
 	})
 	return err
@@ -697,8 +725,23 @@ func isUnique(err error) bool {
 // safety-net sweep. When ctx ends the node says goodbye (see goodbye).
 func (s *Store) Wakeups(ctx context.Context) <-chan struct{} {
 	ch := make(chan struct{}, 1)
+	s.sayMu.Lock()
+	s.run++
+	run := s.run
+	s.sayMu.Unlock()
+	s.listenFailing.Store(false)
+	// A closed store listens no more: its goodbye is said.
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-s.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	go func() {
 		defer close(ch)
+		defer cancel()
 		for ctx.Err() == nil {
 			if err := s.listen(ctx, ch); err != nil && ctx.Err() == nil {
 				// Once per outage, not every second of it (see listen).
@@ -716,7 +759,7 @@ func (s *Store) Wakeups(ctx context.Context) <-chan struct{} {
 		// The node stops running (its timer loop with its listener): the
 		// others take its share now, not at its Close, which may come
 		// seconds later (a server finishing its requests) or never.
-		s.goodbye()
+		s.goodbye(run)
 	}()
 	return ch
 }
@@ -748,15 +791,23 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
 	defer s.listening.Store(false)
 	// The hello goes on this connection: it is sent once LISTEN is in
 	// force, and a failure to send it ends the listener like any other.
-	// It ends a goodbye said when the node last stopped running.
+	// It ends a goodbye said when the node last stopped running. helloed
+	// is set before it is sent: one that reached the others unanswered
+	// (ctx ended) still has its goodbye said.
 	s.sayMu.Lock()
+	if s.closed {
+		s.sayMu.Unlock()
+		return errors.New("postgres: store closed")
+	}
 	s.gone = false
-	_, err = conn.Exec(ctx, helloSQL, channel, strings.TrimPrefix(s.hello(), helloPrefix))
+	s.helloed.Store(true)
+	hctx, hcancel := context.WithTimeout(ctx, 5*time.Second)
+	_, err = conn.Exec(hctx, helloSQL, channel, strings.TrimPrefix(s.hello(), helloPrefix))
+	hcancel()
 	s.sayMu.Unlock()
 	if err != nil {
 		return err
 	}
-	s.helloed.Store(true)
 	s.said.Store(true)
 	defer s.said.Store(false)
 	if s.listenFailing.Swap(false) {

@@ -462,6 +462,12 @@ func TestGoodbyeWhenListenerStops(t *testing.T) {
 	listen(t, a)
 	_, stopB := listen(t, b)
 	poll(t, "a counts b", func() bool { _, of := a.timerShare(); return of == 2 })
+	// Only the goodbye takes b out at once: a's check of the listeners
+	// would in a second, but drops only nodes whose hellos say theirs is
+	// named.
+	a.peersMu.Lock()
+	a.peers[b.node].named = false
+	a.peersMu.Unlock()
 	woken := timerWakes(a)
 	stopB() // b's Run ends; b stays open
 	waitFor(t, heard, byePrefix+b.node)
@@ -470,16 +476,92 @@ func TestGoodbyeWhenListenerStops(t *testing.T) {
 		t.Fatalf("a counts %d nodes after b stopped running, want 1", of)
 	}
 	// A hello after the goodbye (its peer check's, or its publisher's)
-	// would have a count b again: none goes out. The commit wake-up after
-	// it marks where it would have arrived.
-	b.present(b.hello())
-	b.present(hiPrefix + b.node + b.mark() + ":" + b.scope)
-	b.notify(b.node + ":" + b.scope)
-	for _, n := range waitFor(t, heard, b.node) {
+	// would have a count b again: none goes out, and a hi's wake-up goes
+	// as a plain one. A notification of a's marks where they would have
+	// arrived.
+	b.present(b.hello(), "")
+	b.present(hiPrefix+b.node+b.mark()+":"+b.scope, b.node+":"+b.scope)
+	marker := "marker" + a.node
+	a.notify(marker + ":" + a.scope)
+	got := waitFor(t, heard, marker)
+	if !slices.Contains(got, b.node) {
+		t.Errorf("b's hi after its goodbye did not wake the others as a plain wake-up: heard %q", got)
+	}
+	for _, n := range got {
 		if strings.HasSuffix(n, b.node) && n != b.node {
 			t.Fatalf("b sent %q after its goodbye", n)
 		}
 	}
 	listen(t, b)
 	poll(t, "a counts b once it listens again", func() bool { _, of := a.timerShare(); return of == 2 })
+}
+
+// TestNoGoodbyeAfterANewerRun: a listener whose context ended says no
+// goodbye once another listener of the node has begun (Run started again
+// before the last one's listener had ended): the goodbye would have the
+// others stop counting a node that runs, and its hellos would stop.
+func TestNoGoodbyeAfterANewerRun(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	a, b := openNode(t, dsn), openNode(t, dsn)
+	heard := rawListener(t, dsn, a.scope)
+	listen(t, a)
+	first, stopFirst := listen(t, b)
+	poll(t, "a counts b", func() bool { _, of := a.timerShare(); return of == 2 })
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	// A second listener begins, then the first ends.
+	second := b.Wakeups(ctx)
+	stopFirst()
+	for range first {
+	}
+	marker := "marker" + a.node
+	a.notify(marker + ":" + a.scope)
+	for _, n := range waitFor(t, heard, marker) {
+		if n == byePrefix+b.node {
+			t.Fatal("the first listener's end said goodbye for a node whose second listener runs")
+		}
+	}
+	b.sayMu.Lock()
+	gone := b.gone
+	b.sayMu.Unlock()
+	if gone {
+		t.Fatal("b takes itself for gone while it runs: its hellos would not go out")
+	}
+	if _, of := a.timerShare(); of != 2 {
+		t.Fatalf("a counts %d nodes while b runs, want 2", of)
+	}
+	cancel()
+	for range second {
+	}
+	waitFor(t, heard, byePrefix+b.node)
+}
+
+// TestCloseEndsListener: a store closed while its node still runs stops
+// listening (its goodbye said, no listener starts again to say hello for
+// a store whose pools are closed).
+func TestCloseEndsListener(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	a, b := openNode(t, dsn), openNode(t, dsn)
+	heard := rawListener(t, dsn, a.scope)
+	listen(t, a)
+	wake := b.Wakeups(t.Context()) // a context that does not end
+	poll(t, "a counts b", func() bool { _, of := a.timerShare(); return of == 2 })
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, heard, byePrefix+b.node)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range wake {
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("b's listener still runs after b closed")
+	}
+	if b.Listening() {
+		t.Fatal("b says it listens after it closed")
+	}
 }

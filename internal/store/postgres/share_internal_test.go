@@ -456,12 +456,7 @@ func napRun(t *testing.T, s *Store, wf *store.Workflow, st string, due, expires,
 // the others take its share at once; no hello or hi of it follows until
 // it listens again, and then it is counted again.
 func TestGoodbyeWhenListenerStops(t *testing.T) {
-	dsn := pgtest.DSN(t)
-	a, b := openNode(t, dsn), openNode(t, dsn)
-	heard := rawListener(t, dsn, a.scope)
-	listen(t, a)
-	_, stopB := listen(t, b)
-	poll(t, "a counts b", func() bool { _, of := a.timerShare(); return of == 2 })
+	a, b, heard, _, stopB := listeningPair(t)
 	// Only the goodbye takes b out at once: a's check of the listeners
 	// would in a second, but drops only nodes whose hellos say theirs is
 	// named.
@@ -481,9 +476,7 @@ func TestGoodbyeWhenListenerStops(t *testing.T) {
 	// arrived.
 	b.present(b.hello(), "")
 	b.present(hiPrefix+b.node+b.mark()+":"+b.scope, b.node+":"+b.scope)
-	marker := "marker" + a.node
-	a.notify(marker + ":" + a.scope)
-	got := waitFor(t, heard, marker)
+	got := heardUntilMark(t, a, heard)
 	if !slices.Contains(got, b.node) {
 		t.Errorf("b's hi after its goodbye did not wake the others as a plain wake-up: heard %q", got)
 	}
@@ -501,12 +494,7 @@ func TestGoodbyeWhenListenerStops(t *testing.T) {
 // before the last one's listener had ended): the goodbye would have the
 // others stop counting a node that runs, and its hellos would stop.
 func TestNoGoodbyeAfterANewerRun(t *testing.T) {
-	dsn := pgtest.DSN(t)
-	a, b := openNode(t, dsn), openNode(t, dsn)
-	heard := rawListener(t, dsn, a.scope)
-	listen(t, a)
-	first, stopFirst := listen(t, b)
-	poll(t, "a counts b", func() bool { _, of := a.timerShare(); return of == 2 })
+	a, b, heard, first, stopFirst := listeningPair(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	// A second listener begins, then the first ends.
@@ -514,9 +502,7 @@ func TestNoGoodbyeAfterANewerRun(t *testing.T) {
 	stopFirst()
 	for range first {
 	}
-	marker := "marker" + a.node
-	a.notify(marker + ":" + a.scope)
-	for _, n := range waitFor(t, heard, marker) {
+	for _, n := range heardUntilMark(t, a, heard) {
 		if n == byePrefix+b.node {
 			t.Fatal("the first listener's end said goodbye for a node whose second listener runs")
 		}
@@ -540,12 +526,7 @@ func TestNoGoodbyeAfterANewerRun(t *testing.T) {
 // listening (its goodbye said, no listener starts again to say hello for
 // a store whose pools are closed).
 func TestCloseEndsListener(t *testing.T) {
-	dsn := pgtest.DSN(t)
-	a, b := openNode(t, dsn), openNode(t, dsn)
-	heard := rawListener(t, dsn, a.scope)
-	listen(t, a)
-	wake := b.Wakeups(t.Context()) // a context that does not end
-	poll(t, "a counts b", func() bool { _, of := a.timerShare(); return of == 2 })
+	_, b, heard, wake, _ := listeningPair(t) // b's context does not end
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -564,4 +545,27 @@ func TestCloseEndsListener(t *testing.T) {
 	if b.Listening() {
 		t.Fatal("b says it listens after it closed")
 	}
+}
+
+// listeningPair opens two nodes of one database, both listening and a
+// counting b, with a raw listener of their notifications (see
+// rawListener) and b's listener: its wake-ups and what stops it.
+func listeningPair(t *testing.T) (a, b *Store, heard <-chan string, bWake <-chan struct{}, stopB func()) {
+	t.Helper()
+	dsn := pgtest.DSN(t)
+	a, b = openNode(t, dsn), openNode(t, dsn)
+	heard = rawListener(t, dsn, a.scope)
+	listen(t, a)
+	bWake, stopB = listen(t, b)
+	poll(t, "a counts b", func() bool { _, of := a.timerShare(); return of == 2 })
+	return a, b, heard, bWake, stopB
+}
+
+// heardUntilMark is what heard receives up to a mark a sends now: every
+// notification committed before it.
+func heardUntilMark(t *testing.T, a *Store, heard <-chan string) []string {
+	t.Helper()
+	mark := "mark" + a.node
+	a.notify(mark + ":" + a.scope)
+	return waitFor(t, heard, mark)
 }

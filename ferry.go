@@ -189,8 +189,14 @@ func newMetrics(st store.Store) *metrics.Metrics {
 // counting its requests (metrics).
 func (e *Engine) Handler() http.Handler { return e.handler }
 
-// Run executes due work until ctx ends.
+// Run executes due work until ctx ends, and returns once the work in
+// flight has stopped (on Postgres, once the other servers have been told
+// this one stopped). One Run at a time: another while one runs returns
+// ErrRunning. Run may be called again after it returns.
 func (e *Engine) Run(ctx context.Context) error { return e.rt.Run(ctx) }
+
+// ErrRunning is Run's error while another Run of the engine runs.
+var ErrRunning = runtime.ErrRunning
 
 // Drain makes waiting task claims return at once (empty); call it when the
 // HTTP server starts shutting down.

@@ -16,8 +16,14 @@ import (
 
 // Run dispatches due work until ctx is cancelled, then waits for in-flight
 // items to finish (their contexts are cancelled; they record nothing that a
-// later claim would not redo).
+// later claim would not redo). One Run at a time: a second while one runs
+// returns ErrRunning (they would share one timer loop's state, and on
+// Postgres one listener's announcements to the other servers).
 func (r *Runtime) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	defer r.running.Store(false)
 	wakeDone := make(chan struct{})
 	if n, ok := r.st.(store.Notifier); ok {
 		wakeups := n.Wakeups(ctx)

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"github.com/ferryhq/ferry/internal/status"
 	"github.com/ferryhq/ferry/internal/step/httpstep"
 	"github.com/ferryhq/ferry/internal/store"
+	"github.com/ferryhq/ferry/internal/testwait"
 )
 
 // TestStaleLeaseSendsNoRequest: an executor that reaches an HTTP attempt
@@ -93,5 +95,58 @@ func TestStaleLeaseSendsNoRequest(t *testing.T) {
 	}
 	if len(ids) != 3 {
 		t.Fatalf("%d runs", len(ids))
+	}
+}
+
+// notifierStore is a store whose wake-ups (store.Notifier) end only when
+// the test lets them, after Run's context ended: as a Postgres listener
+// ends with its goodbye to the other servers.
+type notifierStore struct {
+	store.Store
+	release chan struct{}
+	ended   atomic.Bool
+}
+
+func (n *notifierStore) Wakeups(ctx context.Context) <-chan struct{} {
+	ch := make(chan struct{})
+	go func() {
+		defer close(ch)
+		<-ctx.Done()
+		<-n.release
+		n.ended.Store(true)
+	}()
+	return ch
+}
+
+// TestRunWaitsForItsWakeups: Run returns only once its store's wake-ups
+// have ended (on Postgres, the node's goodbye is out: a Run started after
+// it must not have its hello followed by that goodbye), and a second Run
+// while one runs is refused.
+func TestRunWaitsForItsWakeups(t *testing.T) {
+	n := &notifierStore{Store: openSQLite(t), release: make(chan struct{})}
+	r := New(Config{Store: n, Clock: clock.NewFake(time.Date(2026, 2, 22, 10, 0, 0, 0, time.UTC)), HTTP: httpstep.New(http.DefaultTransport), Logger: slog.New(slog.DiscardHandler), PublicURL: "http://ferry.test"})
+	t.Cleanup(r.Close)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	testwait.Until(t, 10*time.Second, "Run running", r.running.Load)
+	if err := r.Run(t.Context()); !errors.Is(err, ErrRunning) {
+		t.Fatalf("a second Run while one runs: %v, want ErrRunning", err)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		t.Fatalf("Run returned (%v) before its wake-ups ended", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(n.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !n.ended.Load() {
+		t.Fatal("Run returned before its wake-ups ended")
+	}
+	if r.running.Load() {
+		t.Fatal("Run still counts as running after it returned")
 	}
 }

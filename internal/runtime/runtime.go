@@ -31,6 +31,8 @@ var (
 	ErrAlreadyDelivered = errors.New("webhook already delivered")
 	ErrRunFinished      = errors.New("run already finished")
 	ErrStepFinished     = errors.New("step already finished")
+	// ErrRunning: Run was called while another Run of the runtime runs.
+	ErrRunning = errors.New("ferry: the engine is already running (one Run at a time)")
 )
 
 // Config tunes the runtime.
@@ -56,11 +58,12 @@ type Config struct {
 
 // Runtime executes workflow runs.
 type Runtime struct {
-	cfg  Config
-	st   store.Store
-	clk  clock.Clock
-	log  *slog.Logger
-	defs sync.Map // "id@version" -> *spec.Workflow
+	running atomic.Bool // Run is running (one at a time)
+	cfg     Config
+	st      store.Store
+	clk     clock.Clock
+	log     *slog.Logger
+	defs    sync.Map // "id@version" -> *spec.Workflow
 	// wfs caches trigger references (id or name) -> *store.Workflow, only
 	// enabled ones; every run built from one is checked against the
 	// workflow's row in the transaction that writes it (NewRun.Workflow).

@@ -335,8 +335,11 @@ const (
 )
 
 // notify sends payload and reports whether it went out.
-func (s *Store) notify(payload string) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+func (s *Store) notify(payload string) bool { return s.notifyWithin(payload, 5*time.Second) }
+
+// notifyWithin is notify giving up after d.
+func (s *Store) notifyWithin(payload string, d time.Duration) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	if _, err := s.DB().ExecContext(ctx, "SELECT pg_notify($1, $2)", channel, payload); err != nil {
 		slog.Warn("postgres notify failed; other nodes wake at their next sweep or this node's next notification", "err", err)
@@ -376,9 +379,16 @@ func (s *Store) goodbye(run int64) {
 	if s.gone || !s.helloed.Load() || (run != 0 && run != s.run) {
 		return
 	}
-	s.gone = true
-	s.notify(byePrefix + s.node + ":" + s.scope)
+	// Within goodbyeWait: a server shutting down waits for it. One that
+	// did not go out is tried again at Close (no listener runs meanwhile,
+	// so no hello goes out either).
+	s.gone = s.notifyWithin(byePrefix+s.node+":"+s.scope, goodbyeWait)
 }
+
+// goodbyeWait bounds a goodbye's NOTIFY: a node stopping must not wait
+// long for a database it cannot reach (the others then drop it at their
+// check of its listener, or after peerTTL).
+const goodbyeWait = 2 * time.Second
 
 // hello is this node's hello.
 func (s *Store) hello() string {
@@ -774,7 +784,12 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
 	if err != nil {
 		return err
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
+	defer func() {
+		// Bounded: Run waits for the listener's end (and its goodbye).
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
 	if _, err := conn.Exec(ctx, "LISTEN "+channel); err != nil {
 		return err
 	}

@@ -497,8 +497,11 @@ func TestNoGoodbyeAfterANewerRun(t *testing.T) {
 	a, b, heard, first, stopFirst := listeningPair(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	// A second listener begins, then the first ends.
+	// A second listener begins (its hello heard: a's check of the
+	// listeners then finds it), then the first ends.
+	heardUntilMark(t, a, heard) // the first listener's hello read
 	second := b.Wakeups(ctx)
+	waitFor(t, heard, helloPrefix+b.node)
 	stopFirst()
 	for range first {
 	}

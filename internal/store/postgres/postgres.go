@@ -87,7 +87,13 @@ type Store struct {
 	run    int64
 	closed bool
 	// listenFailing: the listener's last attempt failed (it warned once).
+	// listens counts the listeners that said hello; listenRetry is how
+	// long the listener waits before it tries again after a failed
+	// attempt (one that ended a connection that was up tries again at
+	// once). Tests set it.
 	listenFailing atomic.Bool
+	listens       atomic.Int64
+	listenRetry   time.Duration
 	pubDone       sync.WaitGroup
 	closeOnce     sync.Once
 }
@@ -189,7 +195,7 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 		_ = s.Close()
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
-	st := &Store{Store: s, dsn: dsn, node: rand.Text(), scope: scope, base: time.Now(), now: time.Now, pub: make(chan struct{}, 1), stop: make(chan struct{}), peers: map[string]*peer{}}
+	st := &Store{Store: s, dsn: dsn, node: rand.Text(), scope: scope, base: time.Now(), now: time.Now, pub: make(chan struct{}, 1), stop: make(chan struct{}), peers: map[string]*peer{}, listenRetry: time.Second}
 	s.ShareTimers(st.timerShare)
 	st.heard.Store(math.MinInt64 / 2) // no other node heard yet
 	st.self.Store(math.MinInt64 / 2)  // not alone before its first hello is back
@@ -753,7 +759,16 @@ func (s *Store) Wakeups(ctx context.Context) <-chan struct{} {
 		defer close(ch)
 		defer cancel()
 		for ctx.Err() == nil {
+			before := s.listens.Load()
 			if err := s.listen(ctx, ch); err != nil && ctx.Err() == nil {
+				if s.listens.Load() != before {
+					// A connection that was up broke: connect again at
+					// once, so that the others' check of the listeners
+					// (each second) is unlikely to find this node gone,
+					// and both fire its share meanwhile.
+					slog.Warn("postgres listener's connection ended; reconnecting", "err", err)
+					continue
+				}
 				// Once per outage, not every second of it (see listen).
 				if !s.listenFailing.Swap(true) {
 					slog.Warn("postgres listen failed; retrying every second", "err", err)
@@ -762,7 +777,7 @@ func (s *Store) Wakeups(ctx context.Context) <-chan struct{} {
 				}
 				select {
 				case <-ctx.Done():
-				case <-time.After(time.Second):
+				case <-time.After(s.listenRetry):
 				}
 			}
 		}
@@ -825,6 +840,7 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
 	}
 	s.said.Store(true)
 	defer s.said.Store(false)
+	s.listens.Add(1)
 	if s.listenFailing.Swap(false) {
 		slog.Info("postgres listener connected again")
 	}
@@ -843,7 +859,7 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
 		n, err := conn.WaitForNotification(wctx)
 		cancel()
 		if err != nil {
-			if ctx.Err() == nil && wctx.Err() != nil {
+			if ctx.Err() == nil && errors.Is(wctx.Err(), context.DeadlineExceeded) {
 				return fmt.Errorf("no notification for %s, not even this node's own hello", silence)
 			}
 			return err

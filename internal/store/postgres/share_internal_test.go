@@ -572,3 +572,22 @@ func heardUntilMark(t *testing.T, a *Store, heard <-chan string) []string {
 	a.notify(mark + ":" + a.scope)
 	return waitFor(t, heard, mark)
 }
+
+// TestListenerReconnectsAtOnce: a listener whose connection breaks after
+// it was up connects again at once, not after the retry wait of a failed
+// attempt: the others' check of the listeners, each second, would
+// otherwise find the node gone, and both would fire its share until it
+// is back.
+func TestListenerReconnectsAtOnce(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	b := openNode(t, dsn)
+	b.listenRetry = time.Hour // only a reconnection at once is back in time
+	listen(t, b)
+	poll(t, "b listens", b.Listening)
+	n := b.listens.Load()
+	var ended int
+	if err := b.DB().QueryRowContext(t.Context(), "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE $1) x", listenerPrefix+b.node+"%").Scan(&ended); err != nil || ended != 1 {
+		t.Fatalf("ending b's listener's connection: %d ended, %v", ended, err)
+	}
+	poll(t, "b's listener back", func() bool { return b.listens.Load() > n && b.Listening() })
+}

@@ -89,11 +89,12 @@ type Store struct {
 	// listenFailing: the listener's last attempt failed (it warned once).
 	// listens counts the listeners that said hello; listenRetry is how
 	// long the listener waits before it tries again after a failed
-	// attempt (one that ended a connection that was up tries again at
-	// once). Tests set it.
+	// attempt, but one that ended a connection up for listenUp or more
+	// tries again at once. Tests set them.
 	listenFailing atomic.Bool
 	listens       atomic.Int64
 	listenRetry   time.Duration
+	listenUp      time.Duration
 	pubDone       sync.WaitGroup
 	closeOnce     sync.Once
 }
@@ -195,7 +196,7 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 		_ = s.Close()
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
-	st := &Store{Store: s, dsn: dsn, node: rand.Text(), scope: scope, base: time.Now(), now: time.Now, pub: make(chan struct{}, 1), stop: make(chan struct{}), peers: map[string]*peer{}, listenRetry: time.Second}
+	st := &Store{Store: s, dsn: dsn, node: rand.Text(), scope: scope, base: time.Now(), now: time.Now, pub: make(chan struct{}, 1), stop: make(chan struct{}), peers: map[string]*peer{}, listenRetry: time.Second, listenUp: time.Second}
 	s.ShareTimers(st.timerShare)
 	st.heard.Store(math.MinInt64 / 2) // no other node heard yet
 	st.self.Store(math.MinInt64 / 2)  // not alone before its first hello is back
@@ -759,13 +760,14 @@ func (s *Store) Wakeups(ctx context.Context) <-chan struct{} {
 		defer close(ch)
 		defer cancel()
 		for ctx.Err() == nil {
-			before := s.listens.Load()
+			before, began := s.listens.Load(), time.Now()
 			if err := s.listen(ctx, ch); err != nil && ctx.Err() == nil {
-				if s.listens.Load() != before {
+				if s.listens.Load() != before && time.Since(began) >= s.listenUp {
 					// A connection that was up broke: connect again at
 					// once, so that the others' check of the listeners
 					// (each second) is unlikely to find this node gone,
-					// and both fire its share meanwhile.
+					// and both fire its share meanwhile. (Not one that
+					// broke within listenUp: that could loop.)
 					slog.Warn("postgres listener's connection ended; reconnecting", "err", err)
 					continue
 				}

@@ -582,6 +582,7 @@ func TestListenerReconnectsAtOnce(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	b := openNode(t, dsn)
 	b.listenRetry = time.Hour // only a reconnection at once is back in time
+	b.listenUp = 0            // however briefly its connection was up
 	listen(t, b)
 	poll(t, "b listens", b.Listening)
 	n := b.listens.Load()

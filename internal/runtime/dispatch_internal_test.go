@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -126,6 +127,9 @@ func TestRunWaitsForItsWakeups(t *testing.T) {
 	n := &notifierStore{Store: openSQLite(t), release: make(chan struct{})}
 	r := New(Config{Store: n, Clock: clock.NewFake(time.Date(2026, 2, 22, 10, 0, 0, 0, time.UTC)), HTTP: httpstep.New(http.DefaultTransport), Logger: slog.New(slog.DiscardHandler), PublicURL: "http://ferry.test"})
 	t.Cleanup(r.Close)
+	var once sync.Once
+	release := func() { once.Do(func() { close(n.release) }) }
+	t.Cleanup(release) // first: a failed check must not leave Run blocked
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -139,7 +143,7 @@ func TestRunWaitsForItsWakeups(t *testing.T) {
 		t.Fatalf("Run returned (%v) before its wake-ups ended", err)
 	case <-time.After(200 * time.Millisecond):
 	}
-	close(n.release)
+	release()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}

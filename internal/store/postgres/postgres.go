@@ -87,10 +87,11 @@ type Store struct {
 	run    int64
 	closed bool
 	// listenFailing: the listener's last attempt failed (it warned once).
-	// listens counts the listeners that said hello; listenRetry is how
-	// long the listener waits before it tries again after a failed
-	// attempt, but one that ended a connection up for listenUp or more
-	// tries again at once. Tests set them.
+	// listens counts the listeners that said hello (tests read it);
+	// listenRetry is how long the listener waits before it tries again
+	// after a failed attempt, but one whose connection had said hello
+	// listenUp or more before it ended tries again at once. Tests set
+	// them.
 	listenFailing atomic.Bool
 	listens       atomic.Int64
 	listenRetry   time.Duration
@@ -356,13 +357,16 @@ func (s *Store) notifyWithin(payload string, d time.Duration) bool {
 }
 
 // present sends payload, a hello or a hi, unless this node said goodbye
-// since a listener last started; then it sends instead, if not empty,
+// since a listener last started or none is up; then it sends instead, if
+// not empty,
 // what wakes the others without counting this node. False: it failed to
 // go out.
 func (s *Store) present(payload, instead string) bool {
 	s.sayMu.Lock()
 	defer s.sayMu.Unlock()
-	if s.gone {
+	// Nor while no listener is up: a publisher that saw one up may come
+	// here after it ended and its goodbye failed to go out.
+	if s.gone || !s.listening.Load() {
 		return instead == "" || s.notify(instead)
 	}
 	if !s.notify(payload) {
@@ -760,9 +764,9 @@ func (s *Store) Wakeups(ctx context.Context) <-chan struct{} {
 		defer close(ch)
 		defer cancel()
 		for ctx.Err() == nil {
-			before, began := s.listens.Load(), time.Now()
-			if err := s.listen(ctx, ch); err != nil && ctx.Err() == nil {
-				if s.listens.Load() != before && time.Since(began) >= s.listenUp {
+			var up time.Time // when this listener said hello
+			if err := s.listen(ctx, ch, &up); err != nil && ctx.Err() == nil {
+				if !up.IsZero() && time.Since(up) >= s.listenUp {
 					// A connection that was up broke: connect again at
 					// once, so that the others' check of the listeners
 					// (each second) is unlikely to find this node gone,
@@ -791,7 +795,7 @@ func (s *Store) Wakeups(ctx context.Context) <-chan struct{} {
 	return ch
 }
 
-func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
+func (s *Store) listen(ctx context.Context, ch chan<- struct{}, up *time.Time) error {
 	cfg, err := pgx.ParseConfig(s.dsn)
 	if err != nil {
 		return err
@@ -840,9 +844,10 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}) error {
 	if err != nil {
 		return err
 	}
+	*up = time.Now()
+	s.listens.Add(1)
 	s.said.Store(true)
 	defer s.said.Store(false)
-	s.listens.Add(1)
 	if s.listenFailing.Swap(false) {
 		slog.Info("postgres listener connected again")
 	}

@@ -357,10 +357,9 @@ func (s *Store) notifyWithin(payload string, d time.Duration) bool {
 }
 
 // present sends payload, a hello or a hi, unless this node said goodbye
-// since a listener last started or none is up; then it sends instead, if
-// not empty,
-// what wakes the others without counting this node. False: it failed to
-// go out.
+// since a listener last started or none is up; then it sends instead (if
+// not empty), what wakes the others without counting this node. False:
+// it failed to go out.
 func (s *Store) present(payload, instead string) bool {
 	s.sayMu.Lock()
 	defer s.sayMu.Unlock()

@@ -22,6 +22,8 @@ import (
 	"github.com/ferryhq/ferry/internal/store"
 	"github.com/ferryhq/ferry/internal/store/postgres"
 	"github.com/ferryhq/ferry/internal/store/sqlite"
+	"github.com/ferryhq/ferry/internal/tracing"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // DefaultDatabase is the embedded default: an SQLite file in the working
@@ -55,6 +57,19 @@ type Config struct {
 	Logger     *slog.Logger
 	// Clock replaces the system clock (tests drive timers with a fake).
 	Clock clock.Clock
+	// TracerProvider receives Ferry's OpenTelemetry spans (API requests,
+	// triggers, HTTP steps' attempts, steps and runs); nil traces nothing.
+	// `ferry server` builds one from the OTEL_* environment variables
+	// (TracerProviderFromEnv).
+	TracerProvider trace.TracerProvider
+}
+
+// TracerProviderFromEnv builds the tracer provider the standard
+// OpenTelemetry environment variables describe (a no-op one unless an
+// OTLP exporter is configured; see docs/operations.md#tracing), and the
+// function that flushes and stops it.
+func TracerProviderFromEnv(ctx context.Context, version string) (trace.TracerProvider, func(context.Context) error, error) {
+	return tracing.FromEnv(ctx, version)
 }
 
 // Engine is a running Ferry instance.
@@ -133,8 +148,13 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 		limits.MaxSteps = cfg.MaxSteps
 	}
 	m := newMetrics(st)
+	tr := tracing.New(cfg.TracerProvider)
+	if tr.Enabled() {
+		st.OnFinished(tr.Finished)
+	}
 	rt := runtime.New(runtime.Config{
 		Observer:    m,
+		Tracer:      tr,
 		Store:       st,
 		HTTP:        httpstep.New(policy.Transport()),
 		Clock:       cfg.Clock,
@@ -145,7 +165,7 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 		SafetyTick:  cfg.SafetyTick,
 	})
 	srv := api.New(api.Config{Store: st, Runtime: rt, Limits: limits, Logger: cfg.Logger, Metrics: m.Handler()})
-	return &Engine{store: st, rt: rt, api: srv, handler: m.Instrument(srv), log: cfg.Logger, limits: limits}, nil
+	return &Engine{store: st, rt: rt, api: srv, handler: m.Instrument(tr.Middleware(srv)), log: cfg.Logger, limits: limits}, nil
 }
 
 // newMetrics builds an engine's metrics and connects the store's: the

@@ -44,10 +44,24 @@ it once; only its hash is stored.`,
 			if publicURL == "" {
 				publicURL = "http://" + listen
 			}
+			tp, stopTracing, err := ferry.TracerProviderFromEnv(ctx, "")
+			if err != nil {
+				return err
+			}
+			// Deferred first, so run last: after the engine's Close, the
+			// spans its last commits made are flushed.
+			defer func() {
+				sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				defer cancel()
+				if err := stopTracing(sctx); err != nil {
+					log.Warn("flushing spans at stop failed", "err", err)
+				}
+			}()
 			eng, err := ferry.Open(ctx, ferry.Config{
 				Database: database, PublicURL: publicURL, EgressAllow: egress,
 				Migrate: migrate, Lease: lease, SafetyTick: tick, Logger: log,
 				MaxDefinitionBytes: maxDefBytes, MaxSteps: maxSteps,
+				TracerProvider: tp,
 			})
 			if err != nil {
 				return err

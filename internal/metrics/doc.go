@@ -4,7 +4,8 @@
 // the store's commits, the runtime and the HTTP API feed, and the
 // handler that serves them in the text exposition format.
 //
-// It imports the Prometheus client and store (for store.EventCount); it
-// must not import runtime, api, cli or any storage backend: they call it
-// through their own interfaces (runtime.Observer) or plain functions.
+// It imports the Prometheus client, store (for store.EventCount) and
+// httpwrap; it must not import runtime, api, cli or any storage backend:
+// they call it through their own interfaces (runtime.Observer) or plain
+// functions.
 package metrics

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/ferryhq/ferry/internal/httpwrap"
 	"github.com/ferryhq/ferry/internal/store"
 )
 
@@ -143,13 +144,13 @@ func (m *Metrics) HTTPAttempt(outcome string, took time.Duration) {
 func (m *Metrics) Instrument(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+		sw := httpwrap.NewStatusWriter(w)
 		// Deferred: a handler that panics (net/http answers 500, or
 		// drops the connection for http.ErrAbortHandler) is counted too.
 		defer func() {
-			code := sw.code
+			code := sw.Code
 			if p := recover(); p != nil {
-				if !sw.written {
+				if !sw.Written {
 					code = http.StatusInternalServerError
 				}
 				defer panic(p)
@@ -164,26 +165,3 @@ func (m *Metrics) Instrument(next http.Handler) http.Handler {
 		next.ServeHTTP(sw, r)
 	})
 }
-
-// statusWriter remembers the status code written.
-type statusWriter struct {
-	http.ResponseWriter
-	code    int
-	written bool
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if !w.written {
-		w.code, w.written = code, true
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	w.written = true
-	return w.ResponseWriter.Write(b)
-}
-
-// Unwrap lets http.ResponseController reach the connection's writer
-// (flushes, deadlines).
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

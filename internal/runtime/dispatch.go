@@ -251,10 +251,12 @@ func (r *Runtime) runHTTP(ctx context.Context, it *store.QueueItem) error {
 		cancel()
 		<-renewDone
 	}()
+	headers, traced := r.cfg.Tracer.HTTPAttempt(run, it.Step, it.Attempt, req.Method, req.URL, req.Headers)
 	res := r.cfg.HTTP.Do(actx, httpstep.Request{
-		URL: req.URL, Method: req.Method, Headers: req.Headers, Body: req.Body,
+		URL: req.URL, Method: req.Method, Headers: headers, Body: req.Body,
 		Timeout: spec.Timeout, RunID: it.RunID, Step: it.Step, Attempt: it.Attempt,
 	})
+	traced(res.StatusCode, res.Err)
 	if ctx.Err() != nil {
 		// Shutting down: leave the item leased; it is retried after the
 		// lease, with the same attempt number.

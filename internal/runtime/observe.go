@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"context"
 	"time"
 
 	"github.com/ferryhq/ferry/internal/store"
@@ -28,6 +29,34 @@ type noObserver struct{}
 func (noObserver) TimerFired(string, time.Duration)  {}
 func (noObserver) TaskHandedOut(time.Duration)       {}
 func (noObserver) HTTPAttempt(string, time.Duration) {}
+
+// Tracer makes the spans of what the runtime does on a caller's behalf or
+// at a run's request (tracing.Tracer); the spans of steps and runs come
+// from the store's commits instead. Its methods must be safe for
+// concurrent use.
+type Tracer interface {
+	// Trigger starts the span of a trigger of runs runs of workflow; the
+	// function returned ends it.
+	Trigger(ctx context.Context, workflow string, runs int) (context.Context, func(error))
+	// Headers is a run's trigger headers h with ctx's trace context
+	// recorded, unless h has one; h itself is not changed.
+	Headers(ctx context.Context, h map[string]string) map[string]string
+	// HTTPAttempt starts the span of an HTTP step's attempt and returns
+	// the request's headers with its trace context (headers itself is not
+	// changed), and the function that ends it.
+	HTTPAttempt(run *store.Run, step string, attempt int, method, url string, headers map[string]string) (map[string]string, func(code int, err error))
+}
+
+// noTracer is the Tracer of a runtime given none.
+type noTracer struct{}
+
+func (noTracer) Trigger(ctx context.Context, _ string, _ int) (context.Context, func(error)) {
+	return ctx, func(error) {}
+}
+func (noTracer) Headers(_ context.Context, h map[string]string) map[string]string { return h }
+func (noTracer) HTTPAttempt(_ *store.Run, _ string, _ int, _, _ string, h map[string]string) (map[string]string, func(int, error)) {
+	return h, func(int, error) {}
+}
 
 // createdClaimable is when a task leased as it was created (to a waiting
 // claim, or to the worker whose completion started it) became claimable:

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	mrand "math/rand/v2"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -54,6 +55,9 @@ type Config struct {
 	// Observer learns what the runtime measures (metrics); none by
 	// default.
 	Observer Observer
+	// Tracer makes the spans of triggers and HTTP attempts; none by
+	// default.
+	Tracer Tracer
 }
 
 // Runtime executes workflow runs.
@@ -131,6 +135,9 @@ func New(cfg Config) *Runtime {
 	}
 	if cfg.Observer == nil {
 		cfg.Observer = noObserver{}
+	}
+	if cfg.Tracer == nil {
+		cfg.Tracer = noTracer{}
 	}
 	cfg.PublicURL = strings.TrimRight(cfg.PublicURL, "/")
 	r := &Runtime{
@@ -237,6 +244,9 @@ type TriggerRequest struct {
 // writes the run checks it is still live, enabled and at that version, and
 // a trigger whose workflow changed meanwhile reads it again and retries.
 func (r *Runtime) Trigger(ctx context.Context, req TriggerRequest) (run *store.Run, created bool, err error) {
+	ctx, end := r.cfg.Tracer.Trigger(ctx, req.Workflow, 1)
+	defer func() { end(err) }()
+	req.Headers = r.cfg.Tracer.Headers(ctx, req.Headers)
 	err = r.withWorkflow(ctx, req.Workflow, func(wf *store.Workflow) (bool, error) {
 		var err error
 		run, created, err = r.trigger(ctx, req, wf)
@@ -389,13 +399,16 @@ type TriggerResult struct {
 // idempotency key already used returns the first run with Created false,
 // also when it repeats within the batch. On an error no run of the batch
 // was started. An empty batch starts nothing.
-func (r *Runtime) TriggerBatch(ctx context.Context, ref string, reqs []TriggerRequest) ([]TriggerResult, error) {
+func (r *Runtime) TriggerBatch(ctx context.Context, ref string, reqs []TriggerRequest) (_ []TriggerResult, err error) {
 	if len(reqs) > MaxTriggerBatch {
 		return nil, fmt.Errorf("%d runs: %w", len(reqs), ErrBatchTooLarge)
 	}
 	if len(reqs) == 0 {
 		return nil, nil
 	}
+	ctx, end := r.cfg.Tracer.Trigger(ctx, ref, len(reqs))
+	defer func() { end(err) }()
+	reqs = r.traced(ctx, reqs)
 	r.bulkMu.RLock()
 	defer r.bulkMu.RUnlock()
 	if r.bulkClosed {
@@ -410,7 +423,7 @@ func (r *Runtime) TriggerBatch(ctx context.Context, ref string, reqs []TriggerRe
 		return nil, ctx.Err()
 	}
 	var out []TriggerResult
-	err := r.withWorkflow(ctx, ref, func(wf *store.Workflow) (bool, error) {
+	err = r.withWorkflow(ctx, ref, func(wf *store.Workflow) (bool, error) {
 		var err error
 		out, err = r.triggerBatch(ctx, wf, reqs)
 		// A batch that created runs passed the check when written, so
@@ -421,6 +434,48 @@ func (r *Runtime) TriggerBatch(ctx context.Context, ref string, reqs []TriggerRe
 		return nil, err
 	}
 	return out, nil
+}
+
+// traced is reqs with ctx's trace context in their headers (Tracer.Headers),
+// reqs itself when no request's headers change. Requests that share a
+// headers map (the API gives a batch's runs one), or have none, share its
+// traced copy.
+func (r *Runtime) traced(ctx context.Context, reqs []TriggerRequest) []TriggerRequest {
+	var out []TriggerRequest
+	var lastIn, lastOut map[string]string
+	var empty map[string]string
+	for i, q := range reqs {
+		var h map[string]string
+		switch {
+		case len(q.Headers) == 0 && empty != nil:
+			h = empty
+		case lastIn != nil && sameMap(q.Headers, lastIn):
+			h = lastOut
+		default:
+			h = r.cfg.Tracer.Headers(ctx, q.Headers)
+			if len(q.Headers) == 0 {
+				empty = h
+			} else {
+				lastIn, lastOut = q.Headers, h
+			}
+		}
+		if sameMap(h, q.Headers) {
+			continue
+		}
+		if out == nil {
+			out = slices.Clone(reqs)
+		}
+		out[i].Headers = h
+	}
+	if out == nil {
+		return reqs
+	}
+	return out
+}
+
+// sameMap tells whether a and b are the same map (not equal ones).
+func sameMap(a, b map[string]string) bool {
+	return reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer()
 }
 
 func (r *Runtime) triggerBatch(ctx context.Context, wf *store.Workflow, reqs []TriggerRequest) ([]TriggerResult, error) {

@@ -250,6 +250,11 @@ type Store interface {
 	// that appended events, how many of each type it appended (set once,
 	// before use; it runs on the committing goroutine and must be quick).
 	OnEvents(fn func([]EventCount))
+	// OnFinished registers the function told, after each committed write
+	// that ended steps or runs, which ones (set once, before use; it runs
+	// on the committing goroutine and must be quick). Tracing records a
+	// span for each.
+	OnFinished(fn func([]Finished))
 	Migrate(ctx context.Context) error
 	Close() error
 
@@ -404,6 +409,30 @@ var ErrRetry = errors.New("retry in a later batch")
 type EventCount struct {
 	Type string
 	N    int
+}
+
+// Finished is a step or a run that a committed write ended: it appended
+// the step's terminal event (step_succeeded, step_failed, step_skipped,
+// step_timeout) or the run's (run_completed, run_failed, run_cancelled,
+// run_timeout); a step under way when its run was cancelled or timed out
+// (cancelled with it, no event of its own) is told with the run. Each
+// ending is told once, by the write that appended its event.
+type Finished struct {
+	RunID      string
+	WorkflowID string
+	Version    int
+	// Step is the step's name; empty for the run itself.
+	Step string
+	// Type is the step's type (task, http, sleep, …); empty for a run.
+	Type    string
+	Status  string // the step's or the run's status as written
+	Attempt int    // the step's last attempt; 0 for a run
+	Error   string
+	// StartedAt is zero for a step that never started (skipped).
+	StartedAt  time.Time
+	FinishedAt time.Time
+	// TriggerHeaders are the run's (its trace context, for tracing).
+	TriggerHeaders map[string]string
 }
 
 // Committed tells, after a write committed, what it made ready: the

@@ -22,7 +22,8 @@ import (
 //
 // A changeset that is dropped (its request failed) has written nothing.
 type changeset struct {
-	newRuns   [][]any // rows of runs to insert
+	newRuns   [][]any         // rows of runs to insert
+	created   []*store.NewRun // the runs of newRuns (finishedIn)
 	newSteps  []*store.StepRun
 	runs      []*runTx // runs whose row changed (status or event sequence)
 	steps     []*store.StepRun
@@ -323,6 +324,7 @@ func (c *changeset) newRun(nr *store.NewRun, now time.Time, short bool) error {
 			c.newSteps = append(c.newSteps, st)
 		}
 	}
+	c.created = append(c.created, nr)
 	c.newRuns = append(c.newRuns, []any{r.ID, r.WorkflowID, r.Version, r.Status, string(r.Input), string(headers), nullStr(r.IdempotencyKey), r.Error, seq, ts(r.ExpiresAt), ts(r.StartedAt), tsPtr(r.FinishedAt), ts(now), packSteps(nr.Steps, in)})
 	for _, it := range nr.Queue {
 		if it.Kind == store.KindRunExpire {

@@ -85,6 +85,7 @@ type Store struct {
 	tcache  *taskCache    // Postgres: the tasks this store leased, by row version
 	hook    atomic.Pointer[func(store.Committed)]
 	evHook  atomic.Pointer[func([]store.EventCount)]
+	finHook atomic.Pointer[func([]store.Finished)]
 	share   atomic.Pointer[func() (index, of int)] // see ShareTimers
 
 	written    [len(AnalyzeTables)]atomic.Int64 // rows this server inserted, by table
@@ -110,6 +111,11 @@ func (s *Store) OnCommit(fn func(store.Committed)) { s.hook.Store(&fn) }
 // committed write appended (metrics). fn runs on the committing
 // goroutine: it must be quick and must not write.
 func (s *Store) OnEvents(fn func([]store.EventCount)) { s.evHook.Store(&fn) }
+
+// OnFinished registers fn to learn which steps and runs each committed
+// write ended (tracing). fn runs on the committing goroutine: it must be
+// quick and must not write.
+func (s *Store) OnFinished(fn func([]store.Finished)) { s.finHook.Store(&fn) }
 
 // DBs returns the connection pools, for their statistics: writes and
 // reads (the same pool when reads have none of their own).
@@ -196,6 +202,11 @@ func (s *Store) committed(cs *changeset) {
 	s.grew(cs.newRows())
 	if fn := s.evHook.Load(); fn != nil && len(cs.events) > 0 {
 		(*fn)(countEvents(cs.events))
+	}
+	if fn := s.finHook.Load(); fn != nil && len(cs.events) > 0 {
+		if f := finishedIn(cs); len(f) > 0 {
+			(*fn)(f)
+		}
 	}
 	n := &cs.note
 	if n.c.HTTPDue.IsZero() && n.c.TimerDue.IsZero() && !n.c.Tasks && len(n.c.Leased) == 0 {

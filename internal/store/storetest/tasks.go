@@ -56,6 +56,7 @@ var taskTests = []test{
 	{"FailedReportOnDueTaskWakesClaims", testFailedReportOnDueTask},
 	{"TaskTypes", testTaskTypes},
 	{"EventsCountedAsCommitted", testEventsCounted},
+	{"FinishedToldOnceAsCommitted", testFinishedTold},
 	{"ClaimSaysWhenClaimable", testClaimSince},
 }
 

@@ -437,24 +437,31 @@ func (r *Runtime) TriggerBatch(ctx context.Context, ref string, reqs []TriggerRe
 }
 
 // traced is reqs with ctx's trace context in their headers (Tracer.Headers),
-// reqs itself when no request's headers change. Requests that share a
-// headers map (the API gives a batch's runs one), or have none, share its
-// traced copy.
+// reqs itself when no request's headers change. Requests with no headers,
+// and consecutive ones that share a headers map (the API gives a batch's
+// runs one), share one traced copy.
 func (r *Runtime) traced(ctx context.Context, reqs []TriggerRequest) []TriggerRequest {
 	var out []TriggerRequest
 	var lastIn, lastOut map[string]string
-	var empty map[string]string
+	var empty map[string]string // the traced copy of no headers, if one was made
+	emptyDone := false
 	for i, q := range reqs {
 		var h map[string]string
 		switch {
-		case len(q.Headers) == 0 && empty != nil:
-			h = empty
+		case len(q.Headers) == 0 && emptyDone:
+			h = q.Headers
+			if empty != nil {
+				h = empty
+			}
 		case lastIn != nil && sameMap(q.Headers, lastIn):
 			h = lastOut
 		default:
 			h = r.cfg.Tracer.Headers(ctx, q.Headers)
 			if len(q.Headers) == 0 {
-				empty = h
+				emptyDone = true
+				if !sameMap(h, q.Headers) {
+					empty = h
+				}
 			} else {
 				lastIn, lastOut = q.Headers, h
 			}

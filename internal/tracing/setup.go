@@ -36,7 +36,8 @@ func FromEnv(ctx context.Context, version string) (trace.TracerProvider, func(co
 		return noop.NewTracerProvider(), off, nil
 	}
 	exporter := strings.ToLower(strings.TrimSpace(os.Getenv("OTEL_TRACES_EXPORTER")))
-	if exporter == "" && (os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "") {
+	endpoint := strings.TrimSpace(os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT")) != "" || strings.TrimSpace(os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")) != ""
+	if exporter == "" && endpoint {
 		exporter = "otlp"
 	}
 	switch exporter {
@@ -55,7 +56,7 @@ func FromEnv(ctx context.Context, version string) (trace.TracerProvider, func(co
 		}
 	}
 	var opts []otlptracehttp.Option
-	if os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") == "" && os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") == "" {
+	if !endpoint {
 		// The exporter's own default is https: a collector on the host
 		// listens in plain HTTP.
 		opts = append(opts, otlptracehttp.WithEndpointURL("http://localhost:4318/v1/traces"))

@@ -246,12 +246,12 @@ func (t *Tracer) HTTPAttempt(run *store.Run, step string, attempt int, method, u
 		}
 		span.End()
 	}
-	if _, ok := lookup(headers, HeaderTraceparent); ok {
+	if v, ok := lookup(headers, HeaderTraceparent); ok && v != "" {
 		return headers, done // the step's own
 	}
 	out := make(map[string]string, len(headers)+2)
 	for k, v := range headers {
-		if !strings.EqualFold(k, HeaderTracestate) {
+		if !strings.EqualFold(k, HeaderTracestate) && !strings.EqualFold(k, HeaderTraceparent) {
 			out[k] = v
 		}
 	}
@@ -263,8 +263,8 @@ func (t *Tracer) HTTPAttempt(run *store.Run, step string, attempt int, method, u
 	return out, done
 }
 
-// redact is a URL without what may be a secret: its user information and
-// its query's values (OpenTelemetry's HTTP conventions).
+// redact is a URL without what may be a secret: its user information, its
+// query's values (OpenTelemetry's HTTP conventions) and its fragment.
 func redact(raw string) string {
 	u, err := neturl.Parse(raw)
 	if err != nil {
@@ -273,6 +273,7 @@ func redact(raw string) string {
 	if u.User != nil {
 		u.User = neturl.UserPassword("REDACTED", "REDACTED")
 	}
+	u.Fragment, u.RawFragment = "", ""
 	if u.RawQuery != "" {
 		q := u.Query()
 		for k := range q {

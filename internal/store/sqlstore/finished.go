@@ -65,8 +65,8 @@ func finishedIn(cs *changeset) []store.Finished {
 			continue
 		}
 		st := stepNamed(steps, e.step)
-		if st == nil || !status.StepTerminal(st.Status) {
-			continue
+		if st == nil || !status.StepTerminal(st.Status) || (told != nil && told[[2]string{run.ID, st.Name}]) {
+			continue // (told: with its run, whose event came first)
 		}
 		end := fromTS(e.at)
 		if st.FinishedAt != nil {

@@ -3,6 +3,7 @@ package storetest
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -160,28 +161,37 @@ func testFinishedTold(t *testing.T, s store.Store) {
 	}}, take())
 
 	// A step told by its own event in the write that cancels its run is
-	// told once.
-	r3 := mkRun(t, s, &store.NewRun{
-		Run:    baseRun(wf, ""),
-		Steps:  []*store.StepRun{{Name: "z", Position: 0, Type: "task", Status: status.StepRunning, StartedAt: &t1}},
-		Events: []store.NewEvent{{Type: "run_started"}, {Type: "step_started", Step: "z"}},
-	})
-	inRun(t, s, r3.ID, cancelled, func(tx store.RunTx) error {
-		z := *tx.Step("z")
-		z.Status, z.Error, z.FinishedAt = status.StepCancelled, "task cancelled", &cancelled
-		if err := tx.UpdateStep(&z); err != nil {
-			return err
+	// told once, whichever event comes first.
+	for _, stepFirst := range []bool{true, false} {
+		r3 := mkRun(t, s, &store.NewRun{
+			Run:    baseRun(wf, ""),
+			Steps:  []*store.StepRun{{Name: "z", Position: 0, Type: "task", Status: status.StepRunning, StartedAt: &t1}},
+			Events: []store.NewEvent{{Type: "run_started"}, {Type: "step_started", Step: "z"}},
+		})
+		inRun(t, s, r3.ID, cancelled, func(tx store.RunTx) error {
+			z := *tx.Step("z")
+			z.Status, z.Error, z.FinishedAt = status.StepCancelled, "task cancelled", &cancelled
+			if err := tx.UpdateStep(&z); err != nil {
+				return err
+			}
+			run := *tx.Run()
+			run.Status, run.Error, run.FinishedAt = status.RunCancelled, "cancelled by request", &cancelled
+			if err := tx.UpdateRun(&run); err != nil {
+				return err
+			}
+			evs := []store.NewEvent{{Type: "step_failed", Step: "z"}, {Type: "run_cancelled"}}
+			if !stepFirst {
+				evs[0], evs[1] = evs[1], evs[0]
+			}
+			return tx.Append(evs...)
+		})
+		base.RunID = r3.ID
+		step := with(store.Finished{Step: "z", Type: "task", Status: status.StepCancelled, Error: "task cancelled", StartedAt: t0, FinishedAt: cancelled})
+		run := with(store.Finished{Status: status.RunCancelled, Error: "cancelled by request", StartedAt: t0, FinishedAt: cancelled})
+		want := []store.Finished{step, run}
+		if !stepFirst {
+			want = []store.Finished{run, step}
 		}
-		run := *tx.Run()
-		run.Status, run.Error, run.FinishedAt = status.RunCancelled, "cancelled by request", &cancelled
-		if err := tx.UpdateRun(&run); err != nil {
-			return err
-		}
-		return tx.Append(store.NewEvent{Type: "step_failed", Step: "z"}, store.NewEvent{Type: "run_cancelled"})
-	})
-	base.RunID = r3.ID
-	diff(t, "told as a step and its run were cancelled together", [][]store.Finished{{
-		with(store.Finished{Step: "z", Type: "task", Status: status.StepCancelled, Error: "task cancelled", StartedAt: t0, FinishedAt: cancelled}),
-		with(store.Finished{Status: status.RunCancelled, Error: "cancelled by request", StartedAt: t0, FinishedAt: cancelled}),
-	}}, take())
+		diff(t, fmt.Sprintf("told as a step and its run were cancelled together (step's event first: %v)", stepFirst), [][]store.Finished{want}, take())
+	}
 }

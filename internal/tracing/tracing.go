@@ -145,17 +145,22 @@ func (t *Tracer) Headers(ctx context.Context, h map[string]string) map[string]st
 	if t.carried(h) {
 		return h
 	}
-	c := propagation.MapCarrier{}
-	propagation.TraceContext{}.Inject(ctx, c)
+	return t.with(ctx, h)
+}
+
+// with is a copy of h with ctx's trace context in place of any h holds,
+// under canonical keys.
+func (t *Tracer) with(ctx context.Context, h map[string]string) map[string]string {
 	out := make(map[string]string, len(h)+2)
 	for k, v := range h {
 		if !strings.EqualFold(k, HeaderTraceparent) && !strings.EqualFold(k, HeaderTracestate) {
 			out[k] = v
 		}
 	}
-	out[HeaderTraceparent] = c["traceparent"]
-	if ts := c["tracestate"]; ts != "" {
-		out[HeaderTracestate] = ts
+	c := propagation.MapCarrier{}
+	t.prop.Inject(ctx, c) // traceparent, and tracestate when there is one
+	for k, v := range c {
+		out[http.CanonicalHeaderKey(k)] = v
 	}
 	return out
 }
@@ -249,18 +254,7 @@ func (t *Tracer) HTTPAttempt(run *store.Run, step string, attempt int, method, u
 	if v, ok := lookup(headers, HeaderTraceparent); ok && v != "" {
 		return headers, done // the step's own
 	}
-	out := make(map[string]string, len(headers)+2)
-	for k, v := range headers {
-		if !strings.EqualFold(k, HeaderTracestate) && !strings.EqualFold(k, HeaderTraceparent) {
-			out[k] = v
-		}
-	}
-	c := propagation.MapCarrier{}
-	t.prop.Inject(ctx, c)
-	for k, v := range c {
-		out[http.CanonicalHeaderKey(k)] = v
-	}
-	return out, done
+	return t.with(ctx, headers), done
 }
 
 // redact is a URL without what may be a secret: its user information, its

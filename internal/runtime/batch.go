@@ -22,6 +22,14 @@ const (
 	// while one commits the next fills. On Postgres they also use more
 	// connections.
 	batchLanes = 2
+	// serialReportLoops is how many report batches may be in flight at
+	// once with one writer (SQLite), where they are not transactions side
+	// by side but groups of the writer's, each answered once its group is
+	// synced: with a third, one batch fills while another is written and
+	// the third waits for its sync (thirty-third pass, chain10 +4 to +5 %
+	// runs a second and the machine's CPU a run −7 %; four were worse
+	// than three). On Postgres a third lane was worse (chain10 −10 %).
+	serialReportLoops = 3
 	// Where every batch is a transaction of its own (Postgres), a report
 	// loop that can expect more than one request (see below) waits up to
 	// flushWindow for its batch to hold as many as it expects, at most
@@ -67,6 +75,7 @@ type batcher[R request] struct {
 	// lane's loop, else one per loop and a request goes to the lane its
 	// key names.
 	lanes []chan R
+	loops int // loops taking from lanes, at least one per lane
 	key   func(R) uint64
 	apply func(batch []R) (retry []R)
 	once  sync.Once
@@ -91,16 +100,17 @@ func (b *batcher[R]) coalesce(window time.Duration, size int) {
 	b.window, b.size = window, size
 }
 
-// newBatcher batches requests for apply. With key set, requests with the
-// same key always go to the same lane: reports of one run then never wait
-// in one lane's transaction for the run lock that the other lane's holds
-// (on Postgres, lanes are concurrent transactions), and a run's parallel
-// steps finish in one batch.
-func newBatcher[R request](stop <-chan struct{}, wg *sync.WaitGroup, key func(R) uint64, apply func([]R) []R) *batcher[R] {
-	b := &batcher[R]{key: key, apply: apply, wg: wg, stop: stop}
+// newBatcher batches requests for apply, with loops batches in flight at
+// once. With key set, requests with the same key always go to the same
+// lane, one a loop: reports of one run then never wait in one lane's
+// transaction for the run lock that the other lane's holds (on Postgres,
+// lanes are concurrent transactions), and a run's parallel steps finish in
+// one batch. Without, every loop takes from one shared lane.
+func newBatcher[R request](stop <-chan struct{}, wg *sync.WaitGroup, loops int, key func(R) uint64, apply func([]R) []R) *batcher[R] {
+	b := &batcher[R]{key: key, apply: apply, wg: wg, stop: stop, loops: loops}
 	n := 1
 	if key != nil {
-		n = batchLanes
+		n = loops
 	}
 	for range n {
 		b.lanes = append(b.lanes, make(chan R, 4*maxBatch))
@@ -125,7 +135,7 @@ func (b *batcher[R]) do(q R, done <-chan struct{}) error {
 		return errClosed
 	}
 	b.once.Do(func() { // under the read lock: before any Close waits
-		for i := range batchLanes {
+		for i := range b.loops {
 			b.wg.Add(1)
 			go b.loop(b.lanes[i%len(b.lanes)])
 		}

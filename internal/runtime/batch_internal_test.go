@@ -18,7 +18,7 @@ import (
 // queue.
 func TestReportsOfOneRunShareALane(t *testing.T) {
 	r := &Runtime{clk: clock.Real{}, cfg: Config{Observer: noObserver{}}}
-	b := newBatcher(make(chan struct{}), &sync.WaitGroup{}, r.reportLane, func(b []*reportReq) []*reportReq { return nil })
+	b := newBatcher(make(chan struct{}), &sync.WaitGroup{}, batchLanes, r.reportLane, func(b []*reportReq) []*reportReq { return nil })
 	if len(b.lanes) != batchLanes {
 		t.Fatalf("%d lanes, want %d", len(b.lanes), batchLanes)
 	}
@@ -54,13 +54,79 @@ func TestReportsOfOneRunShareALane(t *testing.T) {
 	if len(used) != batchLanes {
 		t.Errorf("64 standalone tasks handed out used %d of %d lanes", len(used), batchLanes)
 	}
-	shared := newBatcher(make(chan struct{}), &sync.WaitGroup{}, nil, func(b []*triggerReq) []*triggerReq { return nil })
+	shared := newBatcher(make(chan struct{}), &sync.WaitGroup{}, batchLanes, nil, func(b []*triggerReq) []*triggerReq { return nil })
 	if len(shared.lanes) != 1 {
 		t.Errorf("an unkeyed batcher has %d queues, want 1 shared", len(shared.lanes))
 	}
 	// SQLite applies writes in turn: its reports share one queue.
 	if sq, _, _ := newInternal(t); len(sq.reports.lanes) != 1 {
 		t.Errorf("on SQLite reports have %d queues, want 1 shared", len(sq.reports.lanes))
+	}
+}
+
+// TestSerialReportsHaveThreeBatchesInFlight: with one writer (SQLite),
+// the reports' shared queue is taken by serialReportLoops loops, so that
+// many batches are being written or synced at once and no more: a batch
+// fills while others wait for the writer.
+func TestSerialReportsHaveThreeBatchesInFlight(t *testing.T) {
+	sq, _, _ := newInternal(t)
+	if sq.reports.loops != serialReportLoops {
+		t.Fatalf("on SQLite the reports have %d loops, want %d", sq.reports.loops, serialReportLoops)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	gate := make(chan struct{})
+	var mu sync.Mutex
+	inFlight, most := 0, 0
+	b := newBatcher(stop, &wg, serialReportLoops, nil, func(batch []*triggerReq) []*triggerReq {
+		mu.Lock()
+		inFlight++
+		most = max(most, inFlight)
+		mu.Unlock()
+		<-gate
+		mu.Lock()
+		inFlight--
+		mu.Unlock()
+		for _, q := range batch {
+			q.finish()
+		}
+		return nil
+	})
+	defer func() { close(stop); wg.Wait() }()
+	held := func() (int, int) {
+		mu.Lock()
+		defer mu.Unlock()
+		return inFlight, len(b.lanes[0])
+	}
+	submit := func(i int) {
+		q := &triggerReq{ctx: t.Context(), run: &store.Run{ID: fmt.Sprint(i)}, done: make(chan struct{})}
+		go func() { _ = b.do(q, q.done) }()
+	}
+	// One at a time, each taken by a loop of its own while the others'
+	// batches are held.
+	for i := range serialReportLoops {
+		submit(i)
+		testwait.Until(t, 10*time.Second, fmt.Sprintf("%d batches in flight", i+1), func() bool {
+			f, q := held()
+			return f == i+1 && q == 0
+		})
+	}
+	// With every loop busy, more requests queue: no other loop takes them.
+	submit(serialReportLoops)
+	submit(serialReportLoops + 1)
+	testwait.Until(t, 10*time.Second, "two requests queued behind the loops", func() bool {
+		f, q := held()
+		return f == serialReportLoops && q == 2
+	})
+	close(gate)
+	testwait.Until(t, 10*time.Second, "the queue taken once the batches end", func() bool {
+		_, q := held()
+		return q == 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if most != serialReportLoops {
+		t.Errorf("%d batches in flight at most, want %d", most, serialReportLoops)
 	}
 }
 
@@ -76,7 +142,7 @@ func TestBatchUnderLoadWaitsForMore(t *testing.T) {
 	gate := make(chan struct{})
 	applied := make(chan []string, 8)
 	// Keyed, every request to the first lane: one loop, one queue.
-	b := newBatcher(stop, &wg, func(*triggerReq) uint64 { return 0 }, func(batch []*triggerReq) []*triggerReq {
+	b := newBatcher(stop, &wg, batchLanes, func(*triggerReq) uint64 { return 0 }, func(batch []*triggerReq) []*triggerReq {
 		var names []string
 		for _, q := range batch {
 			names = append(names, q.run.ID)

@@ -157,14 +157,14 @@ func New(cfg Config) *Runtime {
 	// Reports of one run go to one lane where lanes are concurrent
 	// transactions (Postgres); with one writer in turn (SQLite) any free
 	// lane takes the next report.
-	reportKey := r.reportLane
+	reportKey, reportLoops := r.reportLane, batchLanes
 	r.timers = newTimerLoop(concurrentTimers)
 	if sw, ok := cfg.Store.(serialWriter); ok && sw.SerialWrites() {
-		reportKey = nil
+		reportKey, reportLoops = nil, serialReportLoops
 		r.timers = newTimerLoop(serialTimers)
 	}
-	r.reports = newBatcher(r.closed, &r.batchWG, reportKey, r.applyReports)
-	r.triggers = newBatcher(r.closed, &r.batchWG, nil, r.applyTriggers)
+	r.reports = newBatcher(r.closed, &r.batchWG, reportLoops, reportKey, r.applyReports)
+	r.triggers = newBatcher(r.closed, &r.batchWG, batchLanes, nil, r.applyTriggers)
 	// Where a batch is a transaction of its own, reports under load wait
 	// to share one (see flushWindow). Triggers do not: with them waiting
 	// too, Postgres sleep's lateness p99 was worse (median of eight pairs

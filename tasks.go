@@ -94,7 +94,7 @@ func (e *Engine) claimed(ctx context.Context, ts []*store.Task) []client.Claimed
 		maxAttempts, _ := e.rt.TaskDefaults(ctx, t)
 		ct := client.ClaimedTask{
 			ID: t.ID, Type: t.Type, Payload: t.Payload, Attempt: t.Attempt, MaxAttempts: maxAttempts,
-			LeaseToken: t.LeaseToken, RunID: t.RunID, Step: t.Step,
+			LeaseToken: t.LeaseToken, RunID: t.RunID, Step: t.Step, Traceparent: t.TraceParent,
 		}
 		if t.LeaseUntil != nil {
 			ct.LeaseUntil = t.LeaseUntil.UTC()

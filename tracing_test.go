@@ -64,11 +64,16 @@ func testTracing(t *testing.T, srv *ferrytest.Server, exp *tracetest.InMemoryExp
 	if _, _, err := c.ApplyWorkflow(ctx, "traced", []byte(def)); err != nil {
 		t.Fatal(err)
 	}
-	work := func(runID string) {
+	// work claims the run's task through the Go API, checks the trace
+	// context it was handed with (want), and completes it.
+	work := func(runID, want string) {
 		t.Helper()
 		got, err := srv.Engine.ClaimTasks(ctx, client.ClaimRequest{Types: []string{"tracing.work.v1"}, WorkerID: "w", Wait: 20 * time.Second})
 		if err != nil || len(got) != 1 {
 			t.Fatalf("claim: %+v %v", got, err)
+		}
+		if got[0].Traceparent != want {
+			t.Errorf("the task was handed out with traceparent %q, want %q (the run's)", got[0].Traceparent, want)
 		}
 		if err := srv.Engine.CompleteTask(ctx, got[0].ID, got[0].LeaseToken, nil); err != nil {
 			t.Fatal(err)
@@ -99,7 +104,7 @@ func testTracing(t *testing.T, srv *ferrytest.Server, exp *tracetest.InMemoryExp
 		t.Fatalf("trigger answered %d: %v", resp.StatusCode, err)
 	}
 	resp.Body.Close()
-	work(runID)
+	work(runID, "00-"+caller.TraceID().String()+"-"+caller.SpanID().String()+"-01")
 	run, _, err := srv.Engine.Store().GetRun(ctx, runID)
 	if err != nil {
 		t.Fatal(err)
@@ -165,14 +170,14 @@ func testTracing(t *testing.T, srv *ferrytest.Server, exp *tracetest.InMemoryExp
 	if err != nil {
 		t.Fatal(err)
 	}
-	work(id)
 	var trig tracetest.SpanStub
-	byName := map[string]int{}
 	for _, s := range exp.GetSpans() {
 		if s.Name == "ferry.trigger" {
 			trig = s
 		}
 	}
+	work(id, "00-"+trig.SpanContext.TraceID().String()+"-"+trig.SpanContext.SpanID().String()+"-01")
+	byName := map[string]int{}
 	for _, s := range exp.GetSpans() {
 		if s.SpanContext.TraceID() == trig.SpanContext.TraceID() && s.Parent.SpanID() == trig.SpanContext.SpanID() {
 			byName[s.Name]++

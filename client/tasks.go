@@ -216,6 +216,10 @@ type ClaimedTask struct {
 	LeaseUntil  time.Time       `json:"lease_until"`
 	RunID       string          `json:"run_id"`
 	Step        string          `json:"step"`
+	// Traceparent is the W3C trace context of the task's run, sent while
+	// the server traces (empty otherwise): spans made for the task belong
+	// in the run's trace, as children of it. The worker SDK does so.
+	Traceparent string `json:"traceparent,omitempty"`
 }
 
 // HeartbeatResult is what a heartbeat tells the worker.

@@ -41,6 +41,12 @@
 // then drops whatever the handler returns: the server would refuse it
 // anyway.
 //
+// Each handler runs in an OpenTelemetry span of its own ("ferry.task
+// <type>", from Config.TracerProvider, by default the global provider):
+// while the server traces, a run's task comes with the run's trace
+// context (Task.Traceparent) and the span is its child, so what the
+// handler traces joins the run's trace.
+//
 // When Run's context ends the worker stops claiming at once, lets in-flight
 // handlers finish for up to Config.ShutdownTimeout (only then is their
 // context cancelled, with cause ErrShutdown), reports their outcomes and

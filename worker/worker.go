@@ -14,6 +14,12 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/ferryhq/ferry/client"
 	"github.com/ferryhq/ferry/internal/jsonenc"
 )
@@ -79,6 +85,13 @@ type Config struct {
 	// unless the worker finishes tasks faster than it can report them one
 	// by one.
 	NoBatch bool
+	// TracerProvider makes a span for each task's handler ("ferry.task
+	// <type>", a consumer span), whose context the handler's ctx carries.
+	// Its parent is the task's run's trace context when the server sent
+	// one (it does while it traces: Task.Traceparent), so the span joins
+	// the run's trace. Default: OpenTelemetry's global provider, which
+	// makes nothing until the application sets one.
+	TracerProvider trace.TracerProvider
 }
 
 // Context causes of a handler's cancellation (see context.Cause). A lost
@@ -101,6 +114,10 @@ type Task struct {
 	// RunID and Step name the workflow step that owns the task, if any.
 	RunID string
 	Step  string
+	// Traceparent is the W3C trace context of the task's run, when the
+	// server traces; the handler's ctx already carries it (see
+	// Config.TracerProvider), for code that passes it on by hand.
+	Traceparent string
 }
 
 // Decode unmarshals the task's JSON payload into v.
@@ -144,9 +161,10 @@ func (e *nonRetryable) Unwrap() error { return e.err }
 
 // Worker pulls tasks from a Source and runs their handlers.
 type Worker struct {
-	src Source
-	cfg Config
-	log *slog.Logger
+	src    Source
+	cfg    Config
+	log    *slog.Logger
+	tracer trace.Tracer
 
 	mu       sync.Mutex
 	handlers map[string]HandlerFunc
@@ -205,7 +223,11 @@ func New(src Source, cfg Config) *Worker {
 		cfg.Logger = slog.Default()
 	}
 	cfg.Types = slices.Clone(cfg.Types)
-	return &Worker{src: src, cfg: cfg, log: cfg.Logger.With("worker_id", cfg.WorkerID), handlers: map[string]HandlerFunc{}}
+	if cfg.TracerProvider == nil {
+		cfg.TracerProvider = otel.GetTracerProvider()
+	}
+	return &Worker{src: src, cfg: cfg, log: cfg.Logger.With("worker_id", cfg.WorkerID), handlers: map[string]HandlerFunc{},
+		tracer: cfg.TracerProvider.Tracer(tracerName)}
 }
 
 // ID is the worker's id, as the tasks' events record it.
@@ -454,9 +476,11 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 	tctx, cancel := context.WithCancelCause(hctx) // the handler's; ctx is the worker's run
 	defer cancel(nil)
 	hb := w.heartbeat(log, ct, claimed, cancel)
-	t := &Task{ID: ct.ID, Type: ct.Type, Payload: ct.Payload, Attempt: ct.Attempt, MaxAttempts: ct.MaxAttempts, RunID: ct.RunID, Step: ct.Step}
+	t := &Task{ID: ct.ID, Type: ct.Type, Payload: ct.Payload, Attempt: ct.Attempt, MaxAttempts: ct.MaxAttempts, RunID: ct.RunID, Step: ct.Step, Traceparent: ct.Traceparent}
 	start := time.Now()
-	res, err := w.call(tctx, log, h, t)
+	sctx, span := w.span(tctx, ct)
+	res, err := w.call(sctx, log, h, t)
+	endSpan(span, err)
 	if reason := hb.stop(); reason != nil {
 		log.get().Info("dropping the handler's outcome", "reason", reason, "handler_err", err)
 		return nil
@@ -551,6 +575,38 @@ func lostBy(res client.HeartbeatResult, err error) error {
 		return err
 	}
 	return nil
+}
+
+// tracerName is the instrumentation scope of the worker's spans.
+const tracerName = "github.com/ferryhq/ferry/worker"
+
+// span starts the span of a task's handler: a child of the task's run's
+// trace context when the server sent one, of ctx's span otherwise.
+func (w *Worker) span(ctx context.Context, ct client.ClaimedTask) (context.Context, trace.Span) {
+	if ct.Traceparent != "" {
+		ctx = propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier{"traceparent": ct.Traceparent})
+	}
+	ctx, span := w.tracer.Start(ctx, "ferry.task "+ct.Type, trace.WithSpanKind(trace.SpanKindConsumer))
+	if span.IsRecording() { // the attributes cost nothing when no span is kept
+		span.SetAttributes(
+			attribute.String("ferry.task.id", ct.ID),
+			attribute.String("ferry.task.type", ct.Type),
+			attribute.Int("ferry.task.attempt", ct.Attempt),
+		)
+		if ct.RunID != "" {
+			span.SetAttributes(attribute.String("ferry.run.id", ct.RunID), attribute.String("ferry.step.name", ct.Step))
+		}
+	}
+	return ctx, span
+}
+
+// endSpan ends a handler's span with its outcome.
+func endSpan(span trace.Span, err error) {
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
 }
 
 // call runs the handler, turning a panic into a (retryable) error.

@@ -297,6 +297,9 @@ func (s *Server) claimedJSON(r *http.Request, ts []*store.Task) []any {
 		o.set("lease_until", utc(t.LeaseUntil))
 		o.set("run_id", nullable(t.RunID))
 		o.set("step", nullable(t.Step))
+		if t.TraceParent != "" {
+			o.set("traceparent", t.TraceParent)
+		}
 		out = append(out, o)
 	}
 	return out

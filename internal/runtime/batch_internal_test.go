@@ -17,7 +17,7 @@ import (
 // reports spread over the lanes; without a key every lane takes from one
 // queue.
 func TestReportsOfOneRunShareALane(t *testing.T) {
-	r := &Runtime{clk: clock.Real{}, cfg: Config{Observer: noObserver{}}}
+	r := &Runtime{clk: clock.Real{}, cfg: Config{Observer: noObserver{}, Tracer: noTracer{}}}
 	b := newBatcher(make(chan struct{}), &sync.WaitGroup{}, batchLanes, r.reportLane, func(b []*reportReq) []*reportReq { return nil })
 	if len(b.lanes) != batchLanes {
 		t.Fatalf("%d lanes, want %d", len(b.lanes), batchLanes)
@@ -26,7 +26,7 @@ func TestReportsOfOneRunShareALane(t *testing.T) {
 	for _, id := range []string{"t1", "t2", "t3", "t4", "t5", "t6", "t7", "t8"} {
 		tasks = append(tasks, &store.Task{ID: id, RunID: "run-a"})
 	}
-	r.handedOut(tasks, nil)
+	r.handedOut(t.Context(), tasks, nil)
 	lane := b.lane(&reportReq{id: "t1"})
 	for _, tk := range tasks {
 		if b.lane(&reportReq{id: tk.ID}) != lane {
@@ -46,7 +46,7 @@ func TestReportsOfOneRunShareALane(t *testing.T) {
 	for i := range 64 {
 		solo = append(solo, &store.Task{ID: "solo" + string(rune('A'+i))})
 	}
-	r.handedOut(solo, nil)
+	r.handedOut(t.Context(), solo, nil)
 	used = map[chan *reportReq]bool{}
 	for _, tk := range solo {
 		used[b.lane(&reportReq{id: tk.ID})] = true

@@ -45,6 +45,12 @@ type Tracer interface {
 	// the request's headers with its trace context (headers itself is not
 	// changed), and the function that ends it.
 	HTTPAttempt(run *store.Run, step string, attempt int, method, url string, headers map[string]string) (map[string]string, func(code int, err error))
+	// Enabled tells whether spans are made: only then are tasks handed
+	// out with their run's trace context.
+	Enabled() bool
+	// TaskParent is the traceparent a run's tasks are handed out with,
+	// from the run's id and trigger headers.
+	TaskParent(runID string, headers map[string]string) string
 }
 
 // noTracer is the Tracer of a runtime given none.
@@ -54,6 +60,8 @@ func (noTracer) Trigger(ctx context.Context, _ string, _ int) (context.Context, 
 	return ctx, func(error) {}
 }
 func (noTracer) Headers(_ context.Context, h map[string]string) map[string]string { return h }
+func (noTracer) Enabled() bool                                                    { return false }
+func (noTracer) TaskParent(string, map[string]string) string                      { return "" }
 func (noTracer) HTTPAttempt(_ *store.Run, _ string, _ int, _, _ string, h map[string]string) (map[string]string, func(int, error)) {
 	return h, func(int, error) {}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"time"
 
 	"github.com/ferryhq/ferry/internal/status"
@@ -63,7 +64,10 @@ func (r *Runtime) reportLane(q *reportReq) uint64 {
 //
 // since, when given, is when each became claimable, as the claim found
 // (store.Claim.Since); without it, tasks were leased as they were created.
-func (r *Runtime) handedOut(ts []*store.Task, since []time.Time) {
+func (r *Runtime) handedOut(ctx context.Context, ts []*store.Task, since []time.Time) {
+	if r.cfg.Tracer.Enabled() {
+		r.traceTasks(ctx, ts)
+	}
 	var now time.Time
 	if len(ts) > 0 {
 		now = r.clk.Now()
@@ -84,6 +88,44 @@ func (r *Runtime) handedOut(ts []*store.Task, since []time.Time) {
 }
 
 const maxTaskRuns = 1 << 16
+
+// traceTasks gives each of ts that belongs to a run the run's trace
+// context (store.Task.TraceParent), so that the worker's spans join the
+// run's trace. A run's is read once (its trigger headers) and kept while
+// its steps are handed out; a failed read hands the tasks out without it:
+// tracing never holds work back.
+func (r *Runtime) traceTasks(ctx context.Context, ts []*store.Task) {
+	var missing []string
+	for _, t := range ts {
+		if t.RunID == "" {
+			continue
+		}
+		if tp, ok := r.runTraces.Load(t.RunID); ok {
+			t.TraceParent = tp.(string)
+		} else if !slices.Contains(missing, t.RunID) {
+			missing = append(missing, t.RunID)
+		}
+	}
+	if len(missing) == 0 {
+		return
+	}
+	hs, err := r.st.TriggerHeaders(ctx, missing)
+	if err != nil {
+		r.log.Warn("reading the runs' trace context failed", "err", err)
+		return
+	}
+	for _, t := range ts {
+		h, ok := hs[t.RunID]
+		if t.TraceParent != "" || !ok {
+			continue
+		}
+		t.TraceParent = r.cfg.Tracer.TaskParent(t.RunID, h)
+		if _, loaded := r.runTraces.LoadOrStore(t.RunID, t.TraceParent); !loaded && r.runTracesN.Add(1) > maxTaskRuns {
+			r.runTraces.Clear()
+			r.runTracesN.Store(0)
+		}
+	}
+}
 
 // applyReports writes a batch and answers every report in it except those
 // to retry, which it returns.

@@ -76,10 +76,14 @@ type Runtime struct {
 	// taskRuns: task id -> run id of tasks handed to workers (reportLane)
 	taskRuns  sync.Map
 	taskRunsN atomic.Int64
-	types     sync.Map // task type -> cachedType
-	wake      chan struct{}
-	freed     chan struct{} // a processing slot came free
-	sem       chan struct{}
+	// runTraces: run id -> the traceparent its tasks are handed out with
+	// (traceTasks), while tracing is on.
+	runTraces  sync.Map
+	runTracesN atomic.Int64
+	types      sync.Map // task type -> cachedType
+	wake       chan struct{}
+	freed      chan struct{} // a processing slot came free
+	sem        chan struct{}
 	// planned is when the dispatcher will next look at the queue (Unix
 	// ns; MaxInt64 while it is deciding): commits that queue something
 	// due earlier wake it, others need not.

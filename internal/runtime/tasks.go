@@ -249,7 +249,7 @@ func (r *Runtime) ClaimTasks(ctx context.Context, req ClaimRequest) ([]*store.Ta
 		}
 		got := r.dropExhausted(ctx, c)
 		if len(got.Tasks) > 0 || !now.Before(deadline) {
-			r.handedOut(got.Tasks, got.Since)
+			r.handedOut(ctx, got.Tasks, got.Since)
 			return got.Tasks, nil
 		}
 		// Writes may hand tasks to the claim from here on: the sooner,
@@ -309,7 +309,7 @@ func (r *Runtime) ClaimTasks(ctx context.Context, req ClaimRequest) ([]*store.Ta
 				r.ReleaseTasks(context.WithoutCancel(ctx), got)
 				return nil, stop
 			}
-			r.handedOut(got, nil)
+			r.handedOut(ctx, got, nil)
 			return got, nil
 		}
 		switch {
@@ -497,7 +497,7 @@ func (r *Runtime) CompleteTaskAndClaim(ctx context.Context, id, token string, re
 	// A task the same commit cancelled (a later report of the batch ended
 	// its run) is not handed over; the store marks it so.
 	e.taken = slices.DeleteFunc(e.taken, func(t *store.Task) bool { return t.Status != status.TaskLeased })
-	r.handedOut(e.taken, nil)
+	r.handedOut(ctx, e.taken, nil)
 	return out, e.taken, nil
 }
 

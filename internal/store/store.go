@@ -189,6 +189,10 @@ type Task struct {
 	// rather than to the worker whose completion started it (the claimed
 	// event says which). Not stored.
 	ToWaitingClaim bool
+	// TraceParent is the W3C traceparent of the run's trace context, set
+	// on a run's tasks handed out to workers while tracing is on, so that
+	// a worker's spans join the run's trace. Not stored.
+	TraceParent string
 }
 
 // TaskType is a registry entry: defaults for a versioned task type and
@@ -275,6 +279,10 @@ type Store interface {
 	// ErrRetry for an idempotency key repeated within the call.
 	CreateRuns(ctx context.Context, nrs []*NewRun, now time.Time) ([]CreateResult, error)
 	GetRun(ctx context.Context, id string) (*Run, []*StepRun, error)
+	// TriggerHeaders returns the trigger headers of the runs named (for
+	// tracing, their trace context), keyed by run id; runs that do not
+	// exist are left out.
+	TriggerHeaders(ctx context.Context, runIDs []string) (map[string]map[string]string, error)
 	ListRuns(ctx context.Context, workflowID string, p Page) ([]*Run, string, error)
 	ListEvents(ctx context.Context, runID string, afterSeq int64, limit int) ([]*Event, error)
 	// CountRuns counts a workflow's runs by status.

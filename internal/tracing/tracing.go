@@ -219,6 +219,20 @@ func (t *Tracer) runContext(runID string, headers map[string]string) context.Con
 	}))
 }
 
+// TaskParent is the W3C traceparent of a run's trace context (see
+// runContext), handed to workers with the run's tasks so that their spans
+// join the run's trace as children of what its steps' spans are children
+// of. Empty when tracing is off. A run's tracestate is not handed on: the
+// worker is a party of its own.
+func (t *Tracer) TaskParent(runID string, headers map[string]string) string {
+	if !t.Enabled() {
+		return ""
+	}
+	c := propagation.MapCarrier{}
+	t.prop.Inject(t.runContext(runID, headers), c)
+	return c.Get("traceparent")
+}
+
 // HTTPAttempt starts the client span of an HTTP step's attempt, a child of
 // the run's trace context, and returns the request's headers with that
 // span's context added (a copy: headers, the stored request's, is not

@@ -91,3 +91,32 @@ func TestHTTPAttemptHeadersAndURL(t *testing.T) {
 		t.Errorf("Headers of a malformed traceparent = %v, want it replaced by the trigger's", got)
 	}
 }
+
+// TestTaskParentIsTheRunsTraceContext: a run's tasks are handed out with
+// the traceparent its trigger headers carry (whatever its key's case, and
+// without the tracestate), and a run without one with the trace derived
+// from its id, the one its step spans join; nothing while tracing is off.
+func TestTaskParentIsTheRunsTraceContext(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tr := tracing.New(sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp)))
+	caller := "00-0102030405060708090a0b0c0d0e0f10-0807060504030201-01"
+	if got := tr.TaskParent("r1", map[string]string{"traceparent": caller, "Tracestate": "a=b"}); got != caller {
+		t.Errorf("TaskParent of a run triggered with %q = %q", caller, got)
+	}
+	got := tr.TaskParent("r2", nil)
+	tr.Finished([]store.Finished{{RunID: "r2", Step: "work", Status: "success"}})
+	spans := exp.GetSpans()
+	if len(spans) != 1 {
+		t.Fatalf("%d spans, want 1", len(spans))
+	}
+	p := spans[0].Parent
+	if want := "00-" + p.TraceID().String() + "-" + p.SpanID().String() + "-01"; got != want {
+		t.Errorf("TaskParent of a run with no trace context = %q, want %q (its step spans' parent)", got, want)
+	}
+	if again := tr.TaskParent("r2", nil); again != got {
+		t.Errorf("TaskParent of the same run %q then %q", got, again)
+	}
+	if got := tracing.New(nil).TaskParent("r1", map[string]string{"Traceparent": caller}); got != "" {
+		t.Errorf("TaskParent with tracing off = %q, want none", got)
+	}
+}

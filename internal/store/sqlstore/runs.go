@@ -502,6 +502,40 @@ func (s *Store) runsByKey(ctx context.Context, nrs []*store.NewRun) (map[[2]stri
 	return out, rows.Err()
 }
 
+// TriggerHeaders reads the runs' trigger headers, 512 runs a statement.
+func (s *Store) TriggerHeaders(ctx context.Context, ids []string) (map[string]map[string]string, error) {
+	out := make(map[string]map[string]string, len(ids))
+	for len(ids) > 0 {
+		part := ids[:min(512, len(ids))]
+		ids = ids[len(part):]
+		cond, args := s.inStrings("id", part)
+		if err := s.triggerHeaders(ctx, cond, args, out); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func (s *Store) triggerHeaders(ctx context.Context, cond string, args []any, out map[string]map[string]string) error {
+	rows, err := s.r.QueryContext(ctx, s.q(`SELECT id, trigger_headers FROM runs WHERE `+cond), args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, headers string
+		if err := rows.Scan(&id, &headers); err != nil {
+			return err
+		}
+		var h map[string]string
+		if err := json.Unmarshal([]byte(headers), &h); err != nil {
+			return fmt.Errorf("run %s: decode trigger headers: %w", id, err)
+		}
+		out[id] = h
+	}
+	return rows.Err()
+}
+
 func (s *Store) runsByID(ctx context.Context, ids []string) (map[string]*store.Run, error) {
 	out := make(map[string]*store.Run, len(ids))
 	for len(ids) > 0 {

@@ -32,6 +32,51 @@ var runTests = []test{
 	{"CreateRunsLargeBatch", testCreateRunsLargeBatch},
 	{"CreateRunsChecksWorkflowAsRead", testCreateRunsChecksWorkflow},
 	{"CreateRunsReturnsRunsAsStored", testCreateRunsReturnsAsStored},
+	{"TriggerHeadersOfTheRunsNamed", testTriggerHeaders},
+}
+
+// testTriggerHeaders: the trigger headers of each run named, as stored
+// (also an empty set, and in batches of more runs than one statement
+// reads), and nothing for a run that does not exist.
+func testTriggerHeaders(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "headers")
+	traced := baseRun(wf, "")
+	traced.TriggerHeaders = map[string]string{"Traceparent": "00-0102030405060708090a0b0c0d0e0f10-0807060504030201-01", "X-Request-Id": "req-1"}
+	bare := baseRun(wf, "")
+	bare.TriggerHeaders = map[string]string{}
+	var nrs []*store.NewRun
+	nrs = append(nrs, &store.NewRun{Run: traced}, &store.NewRun{Run: bare})
+	for range 600 {
+		nrs = append(nrs, &store.NewRun{Run: baseRun(wf, "")})
+	}
+	res, err := s.CreateRuns(ctx, nrs, t0)
+	must(t, err, "CreateRuns")
+	ids := []string{"no-such-run"}
+	for _, r := range res {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		ids = append(ids, r.Run.ID)
+	}
+	got, err := s.TriggerHeaders(ctx, ids)
+	must(t, err, "TriggerHeaders")
+	if len(got) != len(nrs) {
+		t.Fatalf("headers of %d runs, want %d", len(got), len(nrs))
+	}
+	if _, ok := got["no-such-run"]; ok {
+		t.Error("headers for a run that does not exist")
+	}
+	diff(t, "traced run's headers", traced.TriggerHeaders, got[res[0].Run.ID])
+	if h, ok := got[res[1].Run.ID]; !ok || len(h) != 0 {
+		t.Errorf("a run without headers: %v (present %v), want none", h, ok)
+	}
+	diff(t, "last run's headers", map[string]string{"X-Request-Id": "req-1"}, got[res[len(res)-1].Run.ID])
+	none, err := s.TriggerHeaders(ctx, nil)
+	must(t, err, "TriggerHeaders of no runs")
+	if len(none) != 0 {
+		t.Errorf("headers of no runs: %v", none)
+	}
 }
 
 func testCountRuns(t *testing.T, s store.Store) {

@@ -52,16 +52,25 @@ func TestHandlerSpans(t *testing.T) {
 				defer mu.Unlock()
 				handled[tk.Type] = trace.SpanContextFromContext(ctx)
 				task[tk.Type] = tk
-				if tk.Type == "solo.v1" {
+				switch tk.Type {
+				case "solo.v1":
 					return nil, worker.NonRetryable(errors.New("no good"))
+				case "solo.odd.v1":
+					return make(chan int), nil // no JSON for it
 				}
 				return map[string]string{"id": "x"}, nil
 			}
 			w := newWorker(t, src, worker.Config{Types: []string{"content.%", "solo.%"}, Concurrency: 1, TracerProvider: workerTP})
-			for _, typ := range []string{"content.upload.v1", "content.thumbnail.v1", "solo.v1"} {
+			for _, typ := range []string{"content.upload.v1", "content.thumbnail.v1", "solo.v1", "solo.odd.v1"} {
 				w.Handle(typ, handle)
 			}
-			start(t, w)
+			// Run inside a span of the application's: the tasks' spans
+			// are not its children.
+			runCtx, runSpan := workerTP.Tracer("app").Start(context.Background(), "worker main")
+			runCtx, stop := context.WithCancel(runCtx)
+			done := make(chan error, 1)
+			go func() { done <- w.Run(runCtx) }()
+			t.Cleanup(func() { stop(); <-done; runSpan.End() })
 			res, _, err := c.Trigger(ctx, "thumbs", json.RawMessage(`{"f": "a.png"}`), "")
 			if err != nil {
 				t.Fatal(err)
@@ -103,26 +112,28 @@ func TestHandlerSpans(t *testing.T) {
 			}
 			mu.Unlock()
 
-			id, _, err := c.CreateTask(ctx, client.NewTask{Type: "solo.v1", Payload: json.RawMessage(`{}`)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			testwait.Until(t, waitFor, "the standalone task fails", func() bool {
-				tk, err := c.GetTask(ctx, id.ID)
-				return err == nil && tk.Status == client.TaskFailed
-			})
-			testwait.Until(t, waitFor, "the standalone task's span", func() bool {
-				for _, s := range workerExp.GetSpans() {
-					if s.Name == "ferry.task solo.v1" {
-						spans[s.Name] = s
-						return true
-					}
+			for typ, want := range map[string]string{"solo.v1": "no good", "solo.odd.v1": "encode the handler's result: json: unsupported type: chan int"} {
+				tk, _, err := c.CreateTask(ctx, client.NewTask{Type: typ, Payload: json.RawMessage(`{}`)})
+				if err != nil {
+					t.Fatal(err)
 				}
-				return false
-			})
-			s := spans["ferry.task solo.v1"]
-			if s.Parent.IsValid() || s.Status.Code != codes.Error || s.Status.Description != "no good" {
-				t.Errorf("the standalone task's span: parent %v, status %v, want none, an error %q", s.Parent, s.Status, "no good")
+				testwait.Until(t, waitFor, typ+" fails", func() bool {
+					got, err := c.GetTask(ctx, tk.ID)
+					return err == nil && got.Status == client.TaskFailed
+				})
+				testwait.Until(t, waitFor, typ+"'s span", func() bool {
+					for _, s := range workerExp.GetSpans() {
+						if s.Name == "ferry.task "+typ {
+							spans[s.Name] = s
+							return true
+						}
+					}
+					return false
+				})
+				s := spans["ferry.task "+typ]
+				if s.Parent.IsValid() || s.Status.Code != codes.Error || s.Status.Description != want {
+					t.Errorf("standalone %s's span: parent %v, status %v, want none (not Run's span), the error %q", typ, s.Parent.SpanID(), s.Status, want)
+				}
 			}
 			mu.Lock()
 			defer mu.Unlock()

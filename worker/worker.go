@@ -114,9 +114,11 @@ type Task struct {
 	// RunID and Step name the workflow step that owns the task, if any.
 	RunID string
 	Step  string
-	// Traceparent is the W3C trace context of the task's run, when the
-	// server traces; the handler's ctx already carries it (see
-	// Config.TracerProvider), for code that passes it on by hand.
+	// Traceparent is the W3C trace context of the task's run as the
+	// server sent it (while it traces; empty otherwise, and for standalone
+	// tasks). The handler's ctx carries the task's own span, a child of
+	// it (Config.TracerProvider): propagate from ctx, so that what the
+	// handler calls is that span's child.
 	Traceparent string
 }
 
@@ -480,48 +482,63 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 	start := time.Now()
 	sctx, span := w.span(tctx, ct)
 	res, err := w.call(sctx, log, h, t)
-	endSpan(span, err)
 	if reason := hb.stop(); reason != nil {
+		endSpan(span, "the outcome is dropped: "+reason.Error())
 		log.get().Info("dropping the handler's outcome", "reason", reason, "handler_err", err)
 		return nil
 	}
+	var raw []byte
 	if err == nil {
-		raw, merr := jsonenc.Marshal(res) // json.Marshal's bytes; validates a json.RawMessage too
-		if merr != nil {
+		var merr error
+		if raw, merr = jsonenc.Marshal(res); merr != nil { // json.Marshal's bytes; validates a json.RawMessage too
 			err = NonRetryable(fmt.Errorf("encode the handler's result: %w", merr))
-		} else {
-			if w.log.Enabled(ctx, slog.LevelDebug) {
-				log.get().Debug("task handled", "duration", time.Since(start))
-			}
-			c := client.Completion{ID: ct.ID, LeaseToken: ct.LeaseToken, Result: json.RawMessage(raw)}
-			es, eager := w.src.(EagerSource)
-			if !eager || w.cfg.NoEager || ctx.Err() != nil {
-				w.report(log, "complete", func(ctx context.Context) error {
-					if rep.plain != nil {
-						_, err := rep.plain.complete(ctx, c)
-						return err
-					}
-					return w.src.CompleteTask(ctx, ct.ID, ct.LeaseToken, c.Result)
-				})
-				return nil
-			}
-			// A retried report after one that committed is refused as
-			// finished: a task it was handed is then lost to this worker
-			// and handed out again when its lease ends.
-			var next []client.ClaimedTask
-			w.report(log, "complete", func(rctx context.Context) error {
-				var err error
-				if rep.eager != nil {
-					next, err = rep.eager.complete(rctx, c)
-					return err
-				}
-				next, err = es.CompleteTaskAndClaim(rctx, ct.ID, ct.LeaseToken, c.Result, *w.eagerNext())
-				return err
-			})
-			return next
 		}
 	}
+	if err == nil {
+		endSpan(span, "")
+		if w.log.Enabled(ctx, slog.LevelDebug) {
+			log.get().Debug("task handled", "duration", time.Since(start))
+		}
+		c := client.Completion{ID: ct.ID, LeaseToken: ct.LeaseToken, Result: json.RawMessage(raw)}
+		es, eager := w.src.(EagerSource)
+		if !eager || w.cfg.NoEager || ctx.Err() != nil {
+			w.report(log, "complete", func(ctx context.Context) error {
+				if rep.plain != nil {
+					_, err := rep.plain.complete(ctx, c)
+					return err
+				}
+				return w.src.CompleteTask(ctx, ct.ID, ct.LeaseToken, c.Result)
+			})
+			return nil
+		}
+		// A retried report after one that committed is refused as
+		// finished: a task it was handed is then lost to this worker
+		// and handed out again when its lease ends.
+		var next []client.ClaimedTask
+		w.report(log, "complete", func(rctx context.Context) error {
+			var err error
+			if rep.eager != nil {
+				next, err = rep.eager.complete(rctx, c)
+				return err
+			}
+			next, err = es.CompleteTaskAndClaim(rctx, ct.ID, ct.LeaseToken, c.Result, *w.eagerNext())
+			return err
+		})
+		return next
+	}
 	retryable := !IsNonRetryable(err)
+	msg := errorText(err)
+	endSpan(span, msg)
+	log.get().Info("task attempt failed", "err", msg, "retryable", retryable, "duration", time.Since(start))
+	w.report(log, "fail", func(ctx context.Context) error {
+		return w.src.FailTask(ctx, ct.ID, ct.LeaseToken, msg, retryable)
+	})
+	return nil
+}
+
+// errorText is a failed attempt's error as reported: at most maxErrorLen
+// bytes, never empty.
+func errorText(err error) string {
 	msg := err.Error()
 	if msg == "" {
 		msg = "handler failed"
@@ -529,11 +546,7 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 	if len(msg) > maxErrorLen {
 		msg = strings.ToValidUTF8(msg[:maxErrorLen], "") + "…"
 	}
-	log.get().Info("task attempt failed", "err", msg, "retryable", retryable, "duration", time.Since(start))
-	w.report(log, "fail", func(ctx context.Context) error {
-		return w.src.FailTask(ctx, ct.ID, ct.LeaseToken, msg, retryable)
-	})
-	return nil
+	return msg
 }
 
 // stillHeld checks, before a task's handler starts, that a task claimed
@@ -581,12 +594,23 @@ func lostBy(res client.HeartbeatResult, err error) error {
 const tracerName = "github.com/ferryhq/ferry/worker"
 
 // span starts the span of a task's handler: a child of the task's run's
-// trace context when the server sent one, of ctx's span otherwise.
+// trace context when the server sent one, else a root (not a child of
+// whatever span Run's context holds: a long-lived worker's tasks would all
+// hang from it).
 func (w *Worker) span(ctx context.Context, ct client.ClaimedTask) (context.Context, trace.Span) {
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
+	// Extracted apart from ctx: a malformed traceparent must not leave
+	// Run's own span as the parent.
+	var run trace.SpanContext
 	if ct.Traceparent != "" {
-		ctx = propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier{"traceparent": ct.Traceparent})
+		run = trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": ct.Traceparent}))
 	}
-	ctx, span := w.tracer.Start(ctx, "ferry.task "+ct.Type, trace.WithSpanKind(trace.SpanKindConsumer))
+	if run.IsValid() {
+		ctx = trace.ContextWithRemoteSpanContext(ctx, run)
+	} else {
+		opts = append(opts, trace.WithNewRoot())
+	}
+	ctx, span := w.tracer.Start(ctx, "ferry.task "+ct.Type, opts...)
 	if span.IsRecording() { // the attributes cost nothing when no span is kept
 		span.SetAttributes(
 			attribute.String("ferry.task.id", ct.ID),
@@ -600,11 +624,12 @@ func (w *Worker) span(ctx context.Context, ct client.ClaimedTask) (context.Conte
 	return ctx, span
 }
 
-// endSpan ends a handler's span with its outcome.
-func endSpan(span trace.Span, err error) {
-	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
+// endSpan ends a handler's span once its outcome is decided: failed with
+// msg (the attempt's error as reported, or why the outcome was dropped),
+// or, with msg empty, done.
+func endSpan(span trace.Span, msg string) {
+	if msg != "" {
+		span.SetStatus(codes.Error, msg)
 	}
 	span.End()
 }

@@ -21,6 +21,8 @@ import (
 	"testing"
 
 	"github.com/goccy/go-yaml"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/internal/api"
@@ -643,14 +645,18 @@ func (c *client) expect(r reply, status int, code string) {
 	}
 }
 
-func newServer(t *testing.T) (*client, *client) {
+func newServer(t *testing.T, opts ...func(*ferry.Config)) (*client, *client) {
 	t.Helper()
 	ctx := context.Background()
-	eng, err := ferry.Open(ctx, ferry.Config{
+	cfg := ferry.Config{
 		Database: "sqlite:" + filepath.Join(t.TempDir(), "f.db"),
 		Migrate:  true,
 		Logger:   slog.New(slog.DiscardHandler),
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	eng, err := ferry.Open(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1219,5 +1225,34 @@ func TestOpenAPITasks(t *testing.T) {
 	c.expect(r, 200, "")
 	if r.data()["status"] != "completed" {
 		t.Errorf("run after eager steps: %s", r.raw)
+	}
+}
+
+// TestOpenAPITracedTasks: with tracing on, the tasks of a run handed out
+// by a claim and by a completion's next carry the run's traceparent, as
+// the document describes it.
+func TestOpenAPITracedTasks(t *testing.T) {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(tracetest.NewInMemoryExporter()))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	c, _ := newServer(t, func(cfg *ferry.Config) { cfg.TracerProvider = tp })
+	c.expect(c.call("POST /api/v1/workflows", "/api/v1/workflows", `{"name": "two", "tasks": {
+		"a": {"task": {"type": "traced.a.v1"}},
+		"b": {"needs": ["a"], "task": {"type": "traced.b.v1"}}}}`, nil), 201, "")
+	r := c.call("POST /api/v1/workflows/{id}/trigger", "/api/v1/workflows/two/trigger", `{}`,
+		map[string]string{"Traceparent": "00-0102030405060708090a0b0c0d0e0f10-0807060504030201-01"})
+	c.expect(r, 201, "")
+	want := "00-0102030405060708090a0b0c0d0e0f10-0807060504030201-01"
+	r = c.call("POST /api/v1/tasks/claim", "/api/v1/tasks/claim", `{"types":["traced.%"],"worker_id":"w"}`, nil)
+	c.expect(r, 200, "")
+	l := listOf(m(r.body)["data"])
+	if len(l) != 1 || m(l[0])["traceparent"] != want {
+		t.Fatalf("claimed %s, want one task with traceparent %s", r.raw, want)
+	}
+	a := m(l[0])
+	r = c.call("POST /api/v1/tasks/{id}/complete", "/api/v1/tasks/"+a["id"].(string)+"/complete",
+		`{"lease_token":"`+a["lease_token"].(string)+`","result":{},"next":{"types":["traced.%"],"worker_id":"w"}}`, nil)
+	c.expect(r, 200, "")
+	if next := listOf(m(r.body)["next"]); len(next) != 1 || m(next[0])["traceparent"] != want {
+		t.Fatalf("completed with next: %s, want b with traceparent %s", r.raw, want)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -65,9 +66,6 @@ func (r *Runtime) reportLane(q *reportReq) uint64 {
 // since, when given, is when each became claimable, as the claim found
 // (store.Claim.Since); without it, tasks were leased as they were created.
 func (r *Runtime) handedOut(ctx context.Context, ts []*store.Task, since []time.Time) {
-	if r.cfg.Tracer.Enabled() {
-		r.traceTasks(ctx, ts)
-	}
 	var now time.Time
 	if len(ts) > 0 {
 		now = r.clk.Now()
@@ -85,15 +83,24 @@ func (r *Runtime) handedOut(ctx context.Context, ts []*store.Task, since []time.
 			r.taskRunsN.Store(0)
 		}
 	}
+	// After the waits are measured: the read is not the queue's.
+	if r.cfg.Tracer.Enabled() {
+		r.traceTasks(ctx, ts)
+	}
 }
 
 const maxTaskRuns = 1 << 16
+
+// maxRunTraces bounds runTraces: it needs only the runs whose steps are
+// being handed out, and a run forgotten is read again.
+const maxRunTraces = 1 << 14
 
 // traceTasks gives each of ts that belongs to a run the run's trace
 // context (store.Task.TraceParent), so that the worker's spans join the
 // run's trace. A run's is read once (its trigger headers) and kept while
 // its steps are handed out; a failed read hands the tasks out without it:
-// tracing never holds work back.
+// tracing never holds work back. A caller gone (ctx ended) gets no read:
+// its tasks are put back.
 func (r *Runtime) traceTasks(ctx context.Context, ts []*store.Task) {
 	var missing []string
 	for _, t := range ts {
@@ -106,12 +113,16 @@ func (r *Runtime) traceTasks(ctx context.Context, ts []*store.Task) {
 			missing = append(missing, t.RunID)
 		}
 	}
-	if len(missing) == 0 {
+	if len(missing) == 0 || ctx.Err() != nil {
 		return
 	}
 	hs, err := r.st.TriggerHeaders(ctx, missing)
 	if err != nil {
-		r.log.Warn("reading the runs' trace context failed", "err", err)
+		lvl := slog.LevelWarn
+		if ctx.Err() != nil {
+			lvl = slog.LevelDebug
+		}
+		r.log.Log(ctx, lvl, "reading the runs' trace context failed", "err", err)
 		return
 	}
 	for _, t := range ts {
@@ -120,7 +131,7 @@ func (r *Runtime) traceTasks(ctx context.Context, ts []*store.Task) {
 			continue
 		}
 		t.TraceParent = r.cfg.Tracer.TaskParent(t.RunID, h)
-		if _, loaded := r.runTraces.LoadOrStore(t.RunID, t.TraceParent); !loaded && r.runTracesN.Add(1) > maxTaskRuns {
+		if _, loaded := r.runTraces.LoadOrStore(t.RunID, t.TraceParent); !loaded && r.runTracesN.Add(1) > maxRunTraces {
 			r.runTraces.Clear()
 			r.runTracesN.Store(0)
 		}

@@ -131,6 +131,6 @@ func storedTask(t *store.Task) store.Task {
 	if k.Payload == nil {
 		k.Payload = []byte{}
 	}
-	k.ToWaitingClaim = false
+	k.ToWaitingClaim, k.TraceParent = false, ""
 	return k
 }

@@ -26,9 +26,10 @@ const (
 	// once with one writer (SQLite), where they are not transactions side
 	// by side but groups of the writer's, each answered once its group is
 	// synced: with a third, one batch fills while another is written and
-	// the third waits for its sync (thirty-third pass, chain10 +4 to +5 %
-	// runs a second and the machine's CPU a run −7 %; four were worse
-	// than three). On Postgres a third lane was worse (chain10 −10 %).
+	// the third waits for its sync (thirty-third pass: chain10 +2.7 to
+	// +5.3 % runs a second, the machine's CPU a run −4.8 to −9.2 %; four
+	// were worse than three). On Postgres three lanes were worse (chain10
+	// −10 %): there each is a transaction beside the others.
 	serialReportLoops = 3
 	// Where every batch is a transaction of its own (Postgres), a report
 	// loop that can expect more than one request (see below) waits up to
@@ -72,8 +73,8 @@ type request interface {
 
 type batcher[R request] struct {
 	// lanes are the queues; with key nil there is one, shared by every
-	// lane's loop, else one per loop and a request goes to the lane its
-	// key names.
+	// loop, else one per loop and a request goes to the lane its key
+	// names.
 	lanes []chan R
 	loops int // loops taking from lanes, at least one per lane
 	key   func(R) uint64

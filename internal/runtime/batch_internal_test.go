@@ -92,7 +92,10 @@ func TestSerialReportsHaveThreeBatchesInFlight(t *testing.T) {
 		}
 		return nil
 	})
-	defer func() { close(stop); wg.Wait() }()
+	// The gate opens before the loops are stopped, also when the test
+	// fails while they are held.
+	open := sync.OnceFunc(func() { close(gate) })
+	defer func() { open(); close(stop); wg.Wait() }()
 	held := func() (int, int) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -118,7 +121,7 @@ func TestSerialReportsHaveThreeBatchesInFlight(t *testing.T) {
 		f, q := held()
 		return f == serialReportLoops && q == 2
 	})
-	close(gate)
+	open()
 	testwait.Until(t, 10*time.Second, "the queue taken once the batches end", func() bool {
 		_, q := held()
 		return q == 0

@@ -97,10 +97,10 @@ const maxRunTraces = 1 << 14
 
 // traceTasks gives each of ts that belongs to a run the run's trace
 // context (store.Task.TraceParent), so that the worker's spans join the
-// run's trace. A run's is read once (its trigger headers) and kept while
-// its steps are handed out; a failed read hands the tasks out without it:
-// tracing never holds work back. A caller gone (ctx ended) gets no read:
-// its tasks are put back.
+// run's trace. A run's is read once (its trigger headers) and kept until
+// runTraces reaches its bound and starts over; a failed read hands the
+// tasks out without it: tracing never holds work back. A caller gone (ctx
+// ended) gets no read (the API puts its tasks back).
 func (r *Runtime) traceTasks(ctx context.Context, ts []*store.Task) {
 	var missing []string
 	for _, t := range ts {

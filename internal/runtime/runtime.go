@@ -159,8 +159,8 @@ func New(cfg Config) *Runtime {
 		bulk:     make(chan struct{}, batchLanes),
 	}
 	// Reports of one run go to one lane where lanes are concurrent
-	// transactions (Postgres); with one writer in turn (SQLite) any free
-	// lane takes the next report.
+	// transactions (Postgres); with one writer in turn (SQLite) the
+	// serialReportLoops loops take them from one shared queue.
 	reportKey, reportLoops := r.reportLane, batchLanes
 	r.timers = newTimerLoop(concurrentTimers)
 	if sw, ok := cfg.Store.(serialWriter); ok && sw.SerialWrites() {

@@ -48,7 +48,8 @@ type Config struct {
 	// Concurrency bounds the tasks held at once (default 1).
 	Concurrency int
 	// Lease is how long a task is held without a heartbeat (default 30s,
-	// at least 1s). Heartbeats are sent every Lease/3.
+	// from 1s to 1h, the protocol's bounds). Heartbeats are sent every
+	// Lease/3.
 	Lease time.Duration
 	// WorkerID names the worker in the tasks' events (default
 	// hostname-pid).
@@ -175,7 +176,12 @@ type Worker struct {
 
 // reporters are a Run's completers when the source is a BatchSource (nil
 // otherwise): with and without eager dispatch.
-type reporters struct{ eager, plain *completer }
+type reporters struct {
+	eager, plain *completer
+	// beats ends with Run: the heartbeats of handlers it abandoned stop,
+	// so that their tasks' leases expire.
+	beats context.Context
+}
 
 // eagerNext is what a completion asks for with eager dispatch: one next
 // task of the types the worker claims now (Handle may add some while it
@@ -301,7 +307,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	)
 	// This run's completers: handlers a run abandoned at its shutdown
 	// deadline may still report through theirs while a later Run starts.
-	var rep reporters
+	beats, stopBeats := context.WithCancel(context.Background())
+	defer stopBeats()
+	rep := reporters{beats: beats}
 	if bs, ok := w.src.(BatchSource); ok && !w.cfg.NoBatch {
 		limit := reportsInFlight(w.cfg.Concurrency)
 		rep.plain = &completer{src: bs, limit: limit, single: func(ctx context.Context, c client.Completion) ([]client.ClaimedTask, error) {
@@ -329,8 +337,8 @@ func (w *Worker) Run(ctx context.Context) error {
 		return nil
 	case <-deadline.C:
 	}
-	w.log.Warn("shutdown timeout passed: cancelling in-flight handlers", "in_flight", len(inflight))
 	hardStop(ErrShutdown)
+	w.log.Warn("shutdown timeout passed: in-flight handlers cancelled", "in_flight", len(inflight))
 	grace := time.NewTimer(abandonGrace)
 	defer grace.Stop()
 	select {
@@ -345,8 +353,8 @@ func (w *Worker) Run(ctx context.Context) error {
 }
 
 func (w *Worker) check() error {
-	if w.cfg.Lease < time.Second {
-		return fmt.Errorf("worker: Lease %s is below the protocol's minimum of 1s", w.cfg.Lease)
+	if w.cfg.Lease < time.Second || w.cfg.Lease > time.Hour {
+		return fmt.Errorf("worker: Lease %s is outside the protocol's 1s to 1h", w.cfg.Lease)
 	}
 	for _, t := range w.cfg.Types {
 		if t == "" || strings.Contains(strings.TrimSuffix(t, "%"), "%") {
@@ -401,7 +409,10 @@ func (w *Worker) claimLoop(ctx, hctx context.Context, inflight chan struct{}, wg
 			if i >= n { // more than asked for: wait for a slot
 				select {
 				case inflight <- struct{}{}:
-				case <-hctx.Done():
+				case <-ctx.Done():
+					// Shutting down: the rest start as slots free up, in
+					// the background, so that the shutdown timer runs.
+					w.startLater(ctx, hctx, tasks[i:], claimed, inflight, wg, rep)
 					return
 				}
 			}
@@ -438,6 +449,28 @@ func (w *Worker) claimLoop(ctx, hctx context.Context, inflight chan struct{}, wg
 	}
 }
 
+// startLater starts prefetched tasks as slots free up, until the
+// handlers' context ends (the rest are left to their leases).
+func (w *Worker) startLater(ctx, hctx context.Context, tasks []client.ClaimedTask, claimed time.Time, inflight chan struct{}, wg *sync.WaitGroup, rep reporters) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for _, ct := range tasks {
+			select {
+			case inflight <- struct{}{}:
+			case <-hctx.Done():
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-inflight }()
+				w.executeChain(ctx, hctx, ct, claimed, rep)
+			}()
+		}
+	}()
+}
+
 // jitter spreads d over [d/2, d).
 func jitter(d time.Duration) time.Duration {
 	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
@@ -469,6 +502,13 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 		})
 		return nil
 	}
+	if hctx.Err() != nil {
+		// Past the shutdown timeout (a task an eager completion handed
+		// over late, or one prefetched): its handler would start
+		// cancelled and burn an attempt. Left to its lease.
+		log.get().Info("not starting a task after the shutdown timeout")
+		return nil
+	}
 	// hctx, not ctx: a prefetched task still starts once shutdown has
 	// begun, and its check must not fail for that.
 	claimed, ok := w.stillHeld(hctx, log, ct, claimed)
@@ -477,22 +517,15 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 	}
 	tctx, cancel := context.WithCancelCause(hctx) // the handler's; ctx is the worker's run
 	defer cancel(nil)
-	hb := w.heartbeat(log, ct, claimed, cancel)
+	hb := w.heartbeat(rep.beats, log, ct, claimed, cancel)
 	t := &Task{ID: ct.ID, Type: ct.Type, Payload: ct.Payload, Attempt: ct.Attempt, MaxAttempts: ct.MaxAttempts, RunID: ct.RunID, Step: ct.Step, Traceparent: ct.Traceparent}
 	start := time.Now()
 	sctx, span := w.span(tctx, ct)
-	res, err := w.call(sctx, log, h, t)
+	raw, err := w.call(sctx, log, h, t)
 	if reason := hb.stop(); reason != nil {
 		endSpan(span, "the outcome is dropped: "+reason.Error())
 		log.get().Info("dropping the handler's outcome", "reason", reason, "handler_err", err)
 		return nil
-	}
-	var raw []byte
-	if err == nil {
-		var merr error
-		if raw, merr = jsonenc.Marshal(res); merr != nil { // json.Marshal's bytes; validates a json.RawMessage too
-			err = NonRetryable(fmt.Errorf("encode the handler's result: %w", merr))
-		}
 	}
 	if err == nil {
 		endSpan(span, "")
@@ -584,8 +617,12 @@ func lostBy(res client.HeartbeatResult, err error) error {
 	switch {
 	case err == nil && res.CancelRequested:
 		return ErrTaskCancelled
-	case errors.Is(err, client.ErrLeaseLost), errors.Is(err, client.ErrTaskFinished):
+	case errors.Is(err, client.ErrLeaseLost):
 		return err
+	case errors.Is(err, client.ErrTaskFinished):
+		// The server finished it (a final attempt whose lease ran out):
+		// to the handler, the lease is lost.
+		return fmt.Errorf("%w: %w", client.ErrLeaseLost, err)
 	}
 	return nil
 }
@@ -634,15 +671,24 @@ func endSpan(span trace.Span, msg string) {
 	span.End()
 }
 
-// call runs the handler, turning a panic into a (retryable) error.
-func (w *Worker) call(ctx context.Context, log taskLog, h HandlerFunc, t *Task) (res any, err error) {
+// call runs the handler and encodes its result, turning a panic in
+// either (a result's MarshalJSON is the handler's code too) into a
+// (retryable) error.
+func (w *Worker) call(ctx context.Context, log taskLog, h HandlerFunc, t *Task) (raw []byte, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			log.get().Error("handler panicked", "panic", p, "stack", string(debug.Stack()))
-			res, err = nil, fmt.Errorf("panic: %v", p)
+			raw, err = nil, fmt.Errorf("panic: %v", p)
 		}
 	}()
-	return h(ctx, t)
+	res, err := h(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	if raw, err = jsonenc.Marshal(res); err != nil { // json.Marshal's bytes; validates a json.RawMessage too
+		return nil, NonRetryable(fmt.Errorf("encode the handler's result: %w", err))
+	}
+	return raw, nil
 }
 
 // taskLog is a task's logger, made when something is logged: With
@@ -689,7 +735,7 @@ func (b *beat) stop() error {
 // cancelled or the lease is lost it cancels the handler (cancelHandler) and
 // ends. A heartbeat that fails for another reason is retried; once no
 // heartbeat succeeded for a whole lease, the lease is taken as lost.
-func (w *Worker) heartbeat(log taskLog, ct client.ClaimedTask, claimed time.Time, cancelHandler context.CancelCauseFunc) *beat {
+func (w *Worker) heartbeat(run context.Context, log taskLog, ct client.ClaimedTask, claimed time.Time, cancelHandler context.CancelCauseFunc) *beat {
 	b := &beat{}
 	lease := w.cfg.Lease
 	interval := lease / 3
@@ -701,7 +747,7 @@ func (w *Worker) heartbeat(log taskLog, ct client.ClaimedTask, claimed time.Time
 			b.mu.Unlock()
 			return
 		}
-		ctx, cancel := context.WithCancel(context.Background())
+		ctx, cancel := context.WithCancel(run)
 		b.cancel, b.done = cancel, make(chan struct{})
 		b.mu.Unlock()
 		defer close(b.done)

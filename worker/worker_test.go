@@ -808,6 +808,11 @@ func TestRunRejectsUnusableConfig(t *testing.T) {
 	if err := worker.New(srv.Engine, worker.Config{Types: []string{"a.b.v1"}, Lease: time.Millisecond}).Run(ctx); err == nil {
 		t.Fatal("a lease under a second was accepted")
 	}
+	// Every claim would be refused (lease_seconds is 1 to 3600): the
+	// worker would claim in vain until stopped.
+	if err := worker.New(srv.Engine, worker.Config{Types: []string{"a.b.v1"}, Lease: 2 * time.Hour}).Run(ctx); err == nil {
+		t.Fatal("a lease over an hour was accepted")
+	}
 }
 
 func TestNonRetryable(t *testing.T) {

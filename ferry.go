@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ferryhq/ferry/internal/api"
 	"github.com/ferryhq/ferry/internal/clock"
@@ -287,12 +288,36 @@ func (e *Engine) ApplyWorkflow(ctx context.Context, definition []byte) (id strin
 // Trigger starts a run of the workflow named by id or name with a JSON
 // input; a repeated idempotency key returns the first run's id.
 func (e *Engine) Trigger(ctx context.Context, workflow string, input json.RawMessage, idempotencyKey string) (runID string, err error) {
+	if err := checkTrigger("", input, idempotencyKey); err != nil {
+		return "", err
+	}
 	run, _, err := e.rt.Trigger(ctx, runtime.TriggerRequest{Workflow: workflow, Input: input, IdempotencyKey: idempotencyKey})
 	if err != nil {
 		return "", err
 	}
 	return run.ID, nil
 }
+
+// checkTrigger refuses, as the HTTP API does, an input that is not JSON
+// (UTF-8, RFC 8259) and an idempotency key the databases cannot index or
+// store as text; path prefixes the field names.
+func checkTrigger(path string, input json.RawMessage, key string) error {
+	switch {
+	case len(input) > 0 && !jsonText(input):
+		return invalid(path+"input", "the input is not valid JSON")
+	case len(key) > 255 || !cleanText(key):
+		return invalid(path+"idempotency_key", "an idempotency key is UTF-8 text without NUL of at most 255 bytes")
+	}
+	return nil
+}
+
+// jsonText tells whether b is JSON: valid, and UTF-8 (which json.Valid
+// does not check).
+func jsonText(b []byte) bool { return utf8.Valid(b) && json.Valid(b) }
+
+// cleanText tells whether s is UTF-8 without NUL: what every database
+// stores and compares as text.
+func cleanText(s string) bool { return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 }
 
 // TriggerInput is one run of TriggerBatch.
 type TriggerInput struct {
@@ -317,8 +342,8 @@ const MaxTriggerBatch = runtime.MaxTriggerBatch
 func (e *Engine) TriggerBatch(ctx context.Context, workflow string, inputs []TriggerInput) ([]Triggered, error) {
 	reqs := make([]runtime.TriggerRequest, len(inputs))
 	for i, in := range inputs {
-		if len(in.Input) > 0 && !json.Valid(in.Input) {
-			return nil, fmt.Errorf("inputs[%d]: the input is not valid JSON", i)
+		if err := checkTrigger(fmt.Sprintf("inputs[%d].", i), in.Input, in.IdempotencyKey); err != nil {
+			return nil, err
 		}
 		reqs[i] = runtime.TriggerRequest{Input: in.Input, IdempotencyKey: in.IdempotencyKey}
 	}

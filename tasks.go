@@ -28,9 +28,9 @@ func (e *Engine) CreateTask(ctx context.Context, nt client.NewTask) (*client.Tas
 	switch {
 	case nt.Priority != nil && (*nt.Priority < 0 || *nt.Priority > 1000):
 		return nil, false, invalid("priority", "priority must be from 0 to 1000 (lower runs first)")
-	case len(nt.IdempotencyKey) > 255:
-		return nil, false, invalid("idempotency_key", "idempotency_key must be at most 255 characters")
-	case len(nt.Payload) > 0 && !json.Valid(nt.Payload):
+	case len(nt.IdempotencyKey) > 255 || !cleanText(nt.IdempotencyKey):
+		return nil, false, invalid("idempotency_key", "idempotency_key must be UTF-8 text without NUL of at most 255 characters")
+	case len(nt.Payload) > 0 && !jsonText(nt.Payload):
 		return nil, false, invalid("payload", "payload must be JSON")
 	case nt.RetryDelay < 0:
 		return nil, false, invalid("retry_delay", "retry_delay must be a positive duration")
@@ -163,7 +163,7 @@ func resultJSON(token string, result any) (json.RawMessage, error) {
 	case nil:
 		return nil, nil
 	case json.RawMessage:
-		if !json.Valid(r) {
+		if !jsonText(r) {
 			return nil, invalid("result", "result must be JSON")
 		}
 		return r, nil
@@ -182,6 +182,10 @@ func (e *Engine) FailTask(ctx context.Context, id, token, msg string, retryable 
 	if token == "" {
 		return invalid("lease_token", "lease_token is required")
 	}
+	// The message is stored as text: NUL and bytes that are not UTF-8
+	// become U+FFFD rather than fail the report (and the reports batched
+	// with it).
+	msg = strings.ToValidUTF8(strings.ReplaceAll(msg, "\x00", "\uFFFD"), "\uFFFD")
 	_, err := e.rt.FailTask(ctx, id, token, msg, retryable)
 	return taskErr(err)
 }

@@ -220,3 +220,23 @@ func TestEagerTaskAfterShutdownTimeoutIsNotStarted(t *testing.T) {
 		t.Errorf("handlers ran for %v, failures %v; want a alone and no failure", ran, fails)
 	}
 }
+
+// TestFailureMessageIsStorableText: a handler's error holding NUL or bytes
+// that are not UTF-8 is reported with them replaced (U+FFFD): the server
+// stores the message as text and refuses NUL, so the report would
+// otherwise be refused and the outcome lost.
+func TestFailureMessageIsStorableText(t *testing.T) {
+	src := &scripted{claims: [][]client.ClaimedTask{{scriptedTask("a")}}}
+	w := newWorker(t, src, worker.Config{Types: []string{"script.%"}, Lease: 5 * time.Second, NoEager: true})
+	w.Handle("script.t.v1", func(context.Context, *worker.Task) (any, error) {
+		return nil, worker.NonRetryable(errors.New("bad\x00byte \xff"))
+	})
+	start(t, w)
+	testwait.Until(t, waitFor, "the failure reported", func() bool {
+		fails, _ := src.reported()
+		return len(fails) > 0
+	})
+	if fails, _ := src.reported(); fails[0] != "a: bad\uFFFDbyte \uFFFD (retryable false)" {
+		t.Errorf("reported %q", fails[0])
+	}
+}

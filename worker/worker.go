@@ -193,6 +193,8 @@ func (w *Worker) eagerNext() *client.ClaimRequest {
 // Tunables of the loop.
 const (
 	maxClaim        = 100 // the protocol's cap on one claim
+	maxClaimTypes   = 100 // and on the types it lists
+	maxWorkerID     = 255 // and on a worker's id
 	maxPollWait     = 60 * time.Second
 	claimBackoffMin = 100 * time.Millisecond
 	claimBackoffMax = 5 * time.Second
@@ -361,8 +363,14 @@ func (w *Worker) check() error {
 			return fmt.Errorf("worker: type %q: use an exact type or a prefix ending in %%", t)
 		}
 	}
-	if len(w.claimTypes()) == 0 {
+	switch n := len(w.claimTypes()); {
+	case n == 0:
 		return errors.New("worker: nothing to claim: set Config.Types or register a handler with Handle")
+	case n > maxClaimTypes:
+		return fmt.Errorf("worker: %d types to claim, more than a claim may list (%d)", n, maxClaimTypes)
+	}
+	if len(w.cfg.WorkerID) > maxWorkerID {
+		return fmt.Errorf("worker: WorkerID is %d bytes, more than %d", len(w.cfg.WorkerID), maxWorkerID)
 	}
 	return nil
 }
@@ -570,9 +578,10 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 }
 
 // errorText is a failed attempt's error as reported: at most maxErrorLen
-// bytes, never empty.
+// bytes, never empty, UTF-8 without NUL (the server stores it as text and
+// refuses NUL).
 func errorText(err error) string {
-	msg := err.Error()
+	msg := strings.ToValidUTF8(strings.ReplaceAll(err.Error(), "\x00", "\uFFFD"), "\uFFFD")
 	if msg == "" {
 		msg = "handler failed"
 	}

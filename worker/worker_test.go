@@ -813,6 +813,16 @@ func TestRunRejectsUnusableConfig(t *testing.T) {
 	if err := worker.New(srv.Engine, worker.Config{Types: []string{"a.b.v1"}, Lease: 2 * time.Hour}).Run(ctx); err == nil {
 		t.Fatal("a lease over an hour was accepted")
 	}
+	many := make([]string, 101)
+	for i := range many {
+		many[i] = fmt.Sprintf("t%d.v1", i)
+	}
+	if err := worker.New(srv.Engine, worker.Config{Types: many}).Run(ctx); err == nil {
+		t.Fatal("101 types were accepted")
+	}
+	if err := worker.New(srv.Engine, worker.Config{Types: []string{"a.b.v1"}, WorkerID: strings.Repeat("w", 256)}).Run(ctx); err == nil {
+		t.Fatal("a 256-byte worker id was accepted")
+	}
 }
 
 func TestNonRetryable(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ferryhq/ferry/internal/runtime"
 	"github.com/ferryhq/ferry/internal/spec"
@@ -151,7 +152,34 @@ func (s *Server) routes() {
 }
 
 // ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// No id, token or name is anything but UTF-8 text without NUL; the
+	// databases would refuse to compare with one (Postgres: a 500).
+	if !cleanText(r.URL.Path) {
+		writeError(w, http.StatusNotFound, CodeNotFound, "no such resource")
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// cleanText tells whether s is UTF-8 without NUL: what every database can
+// store and compare as text.
+func cleanText(s string) bool { return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 }
+
+// MaxIdempotencyKey bounds idempotency keys (they are indexed).
+const MaxIdempotencyKey = 255
+
+// checkIdempotencyKey names what is wrong with an idempotency key, or
+// returns "".
+func checkIdempotencyKey(k string) string {
+	switch {
+	case len(k) > MaxIdempotencyKey:
+		return fmt.Sprintf("an idempotency key must be at most %d bytes", MaxIdempotencyKey)
+	case !cleanText(k):
+		return "an idempotency key must be UTF-8 text without NUL"
+	}
+	return ""
+}
 
 // HashKey is how API keys are stored: SHA-256, hex.
 func HashKey(key string) string {
@@ -238,16 +266,32 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, bool
 }
 
 // readObject is readBody for a JSON object: an empty body reads as {}.
+// JSON is UTF-8 (RFC 8259): other bytes are refused, not stored to be
+// answered back as they came (or, on Postgres, refused by the database,
+// failing the writes batched with them).
 func readObject(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, bool) {
 	b, ok := readBody(w, r, limit)
-	if ok && len(bytes.TrimSpace(b)) == 0 {
+	if !ok {
+		return nil, false
+	}
+	if !utf8.Valid(b) {
+		msg := "request body is not UTF-8 text"
+		writeError(w, http.StatusBadRequest, CodeInvalidJSON, msg, spec.FieldError{Path: "", Code: CodeInvalidJSON, Message: msg})
+		return nil, false
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
 		b = []byte("{}")
 	}
-	return b, ok
+	return b, true
 }
 
 func page(w http.ResponseWriter, r *http.Request) (store.Page, bool) {
 	p := store.Page{Cursor: r.URL.Query().Get("cursor")}
+	if len(p.Cursor) > 255 || !cleanText(p.Cursor) {
+		writeError(w, http.StatusBadRequest, CodeInvalidParameter, "cursor must be a next_cursor this API returned",
+			spec.FieldError{Path: "cursor", Code: CodeInvalidParameter, Message: "not a cursor"})
+		return p, false
+	}
 	if l := r.URL.Query().Get("limit"); l != "" {
 		n, err := strconv.Atoi(l)
 		if err != nil || n < 1 || n > 500 {
@@ -388,6 +432,10 @@ func (s *Server) trigger(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, CodeInvalidJSON, "trigger body must be JSON", spec.FieldError{Path: "", Code: CodeInvalidJSON, Message: err.Error()})
 		return
 	}
+	if msg := checkIdempotencyKey(r.Header.Get("Idempotency-Key")); msg != "" {
+		badField(w, "Idempotency-Key", msg)
+		return
+	}
 	var compact bytes.Buffer
 	_ = json.Compact(&compact, b)
 	run, created, err := s.rt.Trigger(r.Context(), runtime.TriggerRequest{
@@ -471,6 +519,10 @@ func (s *Server) triggerBatch(w http.ResponseWriter, r *http.Request) {
 				path += "." + field
 			}
 			badField(w, path, msg)
+			return
+		}
+		if msg := checkIdempotencyKey(item.IdempotencyKey); msg != "" {
+			badField(w, path+".idempotency_key", path+".idempotency_key: "+msg)
 			return
 		}
 		input := []byte("{}")

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -49,7 +50,17 @@ func decodeStrictBytes(b []byte, v any, prefix string) *spec.FieldError {
 		err = errors.New("unexpected data after the JSON object")
 	}
 	if err == nil {
-		return nil
+		// A string with NUL ("\u0000") decodes, but no database stores
+		// it as text (Postgres refuses it, failing the writes batched
+		// with it).
+		field := nulField(reflect.ValueOf(v), "")
+		if field == "" {
+			return nil
+		}
+		if prefix != "" {
+			field = prefix + "." + field
+		}
+		return &spec.FieldError{Path: field, Code: CodeInvalidRequest, Message: field + " must not contain NUL (\\u0000)"}
 	}
 	path, msg := "", err.Error()
 	var te *json.UnmarshalTypeError
@@ -80,6 +91,65 @@ func decodeStrictBytes(b []byte, v any, prefix string) *spec.FieldError {
 		msg = prefix + "." + msg
 	}
 	return &spec.FieldError{Path: path, Code: CodeInvalidRequest, Message: msg}
+}
+
+// nulField is the JSON path (under at) of the first decoded string in v
+// holding NUL, or "". Raw JSON fields are not looked into: they are
+// stored as JSON text, where NUL stays escaped.
+func nulField(v reflect.Value, at string) string {
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface:
+		if !v.IsNil() {
+			return nulField(v.Elem(), at)
+		}
+	case reflect.String:
+		if strings.IndexByte(v.String(), 0) >= 0 {
+			return at
+		}
+	case reflect.Struct:
+		t := v.Type()
+		for i := range t.NumField() {
+			name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+			if !t.Field(i).IsExported() || name == "-" {
+				continue
+			}
+			if name == "" {
+				name = t.Field(i).Name
+			}
+			p := name
+			if at != "" {
+				p = at + "." + name
+			}
+			if f := nulField(v.Field(i), p); f != "" {
+				return f
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		if v.Type().Elem().Kind() == reflect.Uint8 {
+			return "" // bytes: json.RawMessage
+		}
+		for i := range v.Len() {
+			if f := nulField(v.Index(i), fmt.Sprintf("%s[%d]", at, i)); f != "" {
+				return f
+			}
+		}
+	case reflect.Map:
+		iter := v.MapRange()
+		for iter.Next() {
+			k := fmt.Sprint(iter.Key().Interface())
+			p := k
+			if at != "" {
+				p = at + "." + k
+			}
+			if strings.IndexByte(k, 0) >= 0 {
+				return p
+			}
+			if f := nulField(iter.Value(), p); f != "" {
+				return f
+			}
+		}
+	}
+	return ""
 }
 
 // fieldProblem names the field of an object that a strict decode failed
@@ -156,7 +226,7 @@ type createTaskRequest struct {
 	Type           string          `json:"type"`
 	Payload        json.RawMessage `json:"payload"`
 	Priority       *int            `json:"priority"`
-	RunAt          *time.Time      `json:"run_at"`
+	RunAt          json.RawMessage `json:"run_at"`
 	IdempotencyKey string          `json:"idempotency_key"`
 	MaxAttempts    int             `json:"max_attempts"`
 	RetryDelay     json.RawMessage `json:"retry_delay"`
@@ -188,7 +258,15 @@ func (s *Server) createTask(w http.ResponseWriter, r *http.Request) {
 		badField(w, "payload", "payload must be JSON")
 		return
 	}
-	nt := runtime.NewTask{Type: req.Type, Payload: req.Payload, Priority: req.Priority, RunAt: req.RunAt, IdempotencyKey: req.IdempotencyKey, MaxAttempts: req.MaxAttempts}
+	nt := runtime.NewTask{Type: req.Type, Payload: req.Payload, Priority: req.Priority, IdempotencyKey: req.IdempotencyKey, MaxAttempts: req.MaxAttempts}
+	if len(req.RunAt) > 0 && string(req.RunAt) != "null" {
+		var at time.Time
+		if err := json.Unmarshal(req.RunAt, &at); err != nil {
+			badField(w, "run_at", `run_at must be an RFC 3339 time like "2026-03-01T09:00:00Z"`)
+			return
+		}
+		nt.RunAt = &at
+	}
 	if len(req.RetryDelay) > 0 {
 		d, err := spec.DurationFromJSON(req.RetryDelay, time.Second)
 		if err != nil || d < time.Millisecond {
@@ -271,6 +349,12 @@ func (s *Server) claimTasks(w http.ResponseWriter, r *http.Request) {
 
 // check validates the claim, naming bad fields under prefix.
 func (req *claimRequest) check(w http.ResponseWriter, prefix string) (runtime.ClaimRequest, bool) {
+	// Checked as given: a fraction of a second would round to no lease,
+	// which means the default.
+	if req.LeaseSeconds != 0 && (req.LeaseSeconds < 1 || req.LeaseSeconds > 3600) {
+		badField(w, prefix+"lease_seconds", "lease_seconds must be from 1 to 3600")
+		return runtime.ClaimRequest{}, false
+	}
 	rq := runtime.ClaimRequest{
 		Types: req.Types, WorkerID: req.WorkerID, Max: req.Max,
 		Lease: time.Duration(req.LeaseSeconds * float64(time.Second)),

@@ -584,6 +584,11 @@ func (r *Runtime) applyTriggers(batch []*triggerReq) []*triggerReq {
 		nrs[i] = q.nr
 	}
 	res, err := r.createRuns(context.Background(), nrs, r.clk.Now())
+	if err != nil && len(batch) > 1 {
+		// The database refused the batch as a whole: one request it cannot
+		// store must not fail the others. Each is written alone.
+		return alone(r, batch, r.applyTriggers)
+	}
 	var retry []*triggerReq
 	for i, q := range batch {
 		switch {
@@ -597,6 +602,19 @@ func (r *Runtime) applyTriggers(batch []*triggerReq) []*triggerReq {
 		}
 		q.finish()
 	}
+	return retry
+}
+
+// alone applies each request of a batch that failed as a whole in a
+// batch of its own, and returns those to retry. A failed batch costs its
+// requests one transaction each: a bad request fails alone, and a
+// database that is down fails each quickly.
+func alone[R request](r *Runtime, batch []R, apply func([]R) []R) []R {
+	var retry []R
+	for _, q := range batch {
+		retry = append(retry, apply([]R{q})...)
+	}
+	r.log.Warn("a batch failed as a whole; its requests were written one by one", "requests", len(batch), "retried", len(retry))
 	return retry
 }
 

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -174,12 +175,22 @@ func (r *Runtime) taskType(ctx context.Context, typ string) *store.TaskType {
 // TaskBackoff is the delay before the next attempt after attempt failed:
 // base × attempt², plus up to 10% jitter, capped.
 func TaskBackoff(attempt int, base time.Duration, rnd func() float64) time.Duration {
-	d := base * time.Duration(attempt*attempt)
-	if d > MaxTaskRetryDelay || d < 0 {
-		d = MaxTaskRetryDelay
+	// Compared before multiplying: a product past the int64 range wraps,
+	// and may wrap to a small positive delay.
+	sq := time.Duration(attempt * attempt)
+	d := MaxTaskRetryDelay
+	if base >= 0 && sq > 0 && base <= MaxTaskRetryDelay/sq {
+		d = base * sq
 	}
 	return d + time.Duration(float64(d)*0.1*rnd())
 }
+
+// MaxClaimTypes bounds the types and prefixes one claim lists (each is a
+// condition of the claim's statement); MaxWorkerIDLen a worker's id.
+const (
+	MaxClaimTypes  = 100
+	MaxWorkerIDLen = 255
+)
 
 // ClaimRequest asks for work for a worker.
 type ClaimRequest struct {
@@ -201,10 +212,19 @@ func CheckClaim(req *ClaimRequest) *FieldError {
 	if len(req.Types) == 0 {
 		return &FieldError{"types", `types must list at least one type or prefix ("billing.%")`}
 	}
+	if len(req.Types) > MaxClaimTypes {
+		return &FieldError{"types", fmt.Sprintf("types lists %d types or prefixes, more than %d", len(req.Types), MaxClaimTypes)}
+	}
 	for i, t := range req.Types {
-		if t == "" || strings.Contains(strings.TrimSuffix(t, "%"), "%") {
+		switch {
+		case t == "" || strings.Contains(strings.TrimSuffix(t, "%"), "%"):
 			return &FieldError{fmt.Sprintf("types[%d]", i), fmt.Sprintf("%q: use an exact type or a prefix ending in %%", t)}
+		case len(t) > spec.MaxTaskTypeLen+1 || !utf8.ValidString(t) || strings.IndexByte(t, 0) >= 0:
+			return &FieldError{fmt.Sprintf("types[%d]", i), fmt.Sprintf("a type or prefix is UTF-8 text without NUL of at most %d bytes", spec.MaxTaskTypeLen)}
 		}
+	}
+	if len(req.WorkerID) > MaxWorkerIDLen || !utf8.ValidString(req.WorkerID) || strings.IndexByte(req.WorkerID, 0) >= 0 {
+		return &FieldError{"worker_id", fmt.Sprintf("worker_id must be UTF-8 text without NUL of at most %d bytes", MaxWorkerIDLen)}
 	}
 	if req.Lease == 0 {
 		req.Lease = 30 * time.Second

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/goccy/go-yaml"
 	"github.com/google/uuid"
@@ -60,6 +61,11 @@ func ToJSON(doc []byte) ([]byte, error) {
 	if len(trimmed) > 0 && (trimmed[0] == '{' || trimmed[0] == '[') {
 		return trimmed, nil
 	}
+	// The YAML parser's work grows with the square of how deeply flow
+	// collections nest ("[[[[…"): a definition of 250 KB took 24 GB.
+	if d := flowDepth(doc); d > MaxYAMLNesting {
+		return nil, fmt.Errorf("invalid YAML: collections nested more than %d levels deep", MaxYAMLNesting)
+	}
 	// This is yaml.YAMLToJSON with a bound in the middle: aliases let a
 	// document of a few hundred bytes expand to gigabytes of JSON ("billion
 	// laughs"), so the decoded value, in which aliases are shared, is
@@ -76,6 +82,70 @@ func ToJSON(doc []byte) ([]byte, error) {
 		return nil, fmt.Errorf("invalid YAML: %w", err)
 	}
 	return out, nil
+}
+
+// MaxYAMLNesting bounds how deeply a YAML definition's flow collections
+// ([…] and {…}) nest.
+const MaxYAMLNesting = 100
+
+// flowDepth is the deepest nesting of YAML flow collections in doc,
+// outside quoted scalars and comments (a bracket in a block scalar counts
+// too: a bound that errs that way only refuses what no definition needs).
+// It stops counting past MaxYAMLNesting.
+func flowDepth(doc []byte) int {
+	depth, deepest := 0, 0
+	for i := 0; i < len(doc); i++ {
+		switch c := doc[i]; c {
+		case '[', '{':
+			depth++
+			if depth > deepest {
+				deepest = depth
+				if deepest > MaxYAMLNesting {
+					return deepest
+				}
+			}
+		case ']', '}':
+			if depth > 0 {
+				depth--
+			}
+		case '"':
+			if !scalarStart(doc, i) {
+				continue
+			}
+			for i++; i < len(doc) && doc[i] != '"'; i++ {
+				if doc[i] == '\\' {
+					i++
+				}
+			}
+		case '\'':
+			if !scalarStart(doc, i) {
+				continue // an apostrophe in a plain scalar ("it's")
+			}
+			for i++; i < len(doc); i++ {
+				if doc[i] == '\'' {
+					if i+1 < len(doc) && doc[i+1] == '\'' {
+						i++
+						continue
+					}
+					break
+				}
+			}
+		case '#':
+			if i == 0 || doc[i-1] == ' ' || doc[i-1] == '\t' || doc[i-1] == '\n' {
+				for i < len(doc) && doc[i] != '\n' {
+					i++
+				}
+			}
+		}
+	}
+	return deepest
+}
+
+// scalarStart tells whether a quote at doc[i] can open a quoted scalar:
+// at the start of the document or a line, or after a space or an
+// indicator.
+func scalarStart(doc []byte, i int) bool {
+	return i == 0 || strings.IndexByte(" \t\r\n[{,:-?", doc[i-1]) >= 0
 }
 
 // yamlWithin subtracts a rough JSON size of v from *budget and reports
@@ -118,6 +188,10 @@ func Parse(doc []byte, lim Limits) (*Workflow, error) {
 	c := &collector{}
 	if lim.MaxBytes > 0 && len(doc) > lim.MaxBytes {
 		c.add("", CodeTooLarge, "definition is larger than the %d-byte limit", lim.MaxBytes)
+		return nil, c.err()
+	}
+	if !utf8.Valid(doc) {
+		c.add("", CodeInvalidJSON, "a definition must be UTF-8 text")
 		return nil, c.err()
 	}
 	js, err := ToJSON(doc)
@@ -276,6 +350,9 @@ func parseStep(c *collector, path, name string, raw json.RawMessage) *Step {
 		case "if":
 			if s, ok := str(c, p, m.Value); ok {
 				st.If = s
+				if s == "" { // not the same as no condition: say which was meant
+					c.add(p, CodeInvalidCondition, "if is empty: give a condition, or leave if out")
+				}
 			}
 		case "url":
 			types = append(types, StepHTTP)
@@ -389,7 +466,10 @@ func parseTask(c *collector, p string, st *Step, raw json.RawMessage) {
 		case "type":
 			if s, ok := str(c, p+".type", m.Value); ok {
 				st.TaskType = s
-				if !taskTypeRE.MatchString(s) {
+				switch {
+				case len(s) > MaxTaskTypeLen:
+					c.add(p+".type", CodeInvalidValue, "task type is %d bytes long, more than %d", len(s), MaxTaskTypeLen)
+				case !taskTypeRE.MatchString(s):
 					c.add(p+".type", CodeInvalidValue, "task type %q must be a versioned name like \"billing.invoice.v1\" (lower case, dot-separated, ending in .vN)", s)
 				}
 			}
@@ -416,8 +496,13 @@ func parseTask(c *collector, p string, st *Step, raw json.RawMessage) {
 	}
 }
 
-// ValidTaskType reports whether s is a versioned task type name.
-func ValidTaskType(s string) bool { return taskTypeRE.MatchString(s) }
+// MaxTaskTypeLen bounds a task type's length: types are indexed, and an
+// index entry has a bounded size (Postgres: about 2,700 bytes).
+const MaxTaskTypeLen = 255
+
+// ValidTaskType reports whether s is a versioned task type name of at
+// most MaxTaskTypeLen bytes.
+func ValidTaskType(s string) bool { return len(s) <= MaxTaskTypeLen && taskTypeRE.MatchString(s) }
 
 func parseWait(c *collector, p string, st *Step, raw json.RawMessage) {
 	if string(raw) == "true" || string(raw) == "{}" {

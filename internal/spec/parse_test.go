@@ -808,3 +808,46 @@ func TestSuggestions(t *testing.T) {
 		}
 	}
 }
+
+// The YAML parser's work grows with the square of how deeply flow
+// collections nest: 25,000 "[" took it 5 s and 1.3 GB, 250 KB was killed
+// for memory. Deeper than spec.MaxYAMLNesting is refused before it parses,
+// also behind an apostrophe in a plain scalar; brackets in quoted scalars
+// do not count.
+func TestParseYAMLDeepNestingRefused(t *testing.T) {
+	deep := strings.Repeat("[", 30_000)
+	for name, doc := range map[string]string{
+		"sequences":            "name: deep\ntasks:\n  a:\n    url: http://x.test/\n    body: " + deep + "\n",
+		"mappings":             "name: deep\ntasks:\n  a:\n    url: http://x.test/\n    body: " + strings.Repeat("{a: ", 30_000) + "\n",
+		"after an apostrophe":  "name: deep\ndescription: it's\ntasks:\n  a:\n    url: http://x.test/\n    body: " + deep + "\n",
+		"after a # in a value": "name: deep\ndescription: a#b\ntasks:\n  a:\n    url: http://x.test/\n    body: " + deep + "\n",
+	} {
+		_, err := spec.Parse([]byte(doc), spec.DefaultLimits)
+		fes := validationErrors(t, err)
+		if len(fes) != 1 || fes[0].Code != spec.CodeInvalidJSON || !strings.Contains(fes[0].Message, "nested more than 100 levels") {
+			t.Errorf("%s: err = %v, want one invalid_json error about the nesting", name, err)
+		}
+	}
+	quoted := "name: quoted\ndescription: \"" + strings.Repeat("[", 500) + "\"\nnote: '" + strings.Repeat("{", 500) + "'\ntasks:\n  a:\n    sleep: 1\n    body: " + strings.Repeat("[", 50) + strings.Repeat("]", 50) + "\n"
+	if _, err := spec.Parse([]byte(strings.Replace(quoted, "note: ", "# note: ", 1)), spec.DefaultLimits); err != nil && strings.Contains(err.Error(), "nested") {
+		t.Errorf("brackets in quoted scalars and comments counted: %v", err)
+	}
+}
+
+// A definition that is not UTF-8 is invalid, not stored as it is; a task
+// type longer than spec.MaxTaskTypeLen is refused where it is named (it
+// is indexed, and an index entry is bounded).
+func TestParseRefusesNonUTF8AndLongTaskTypes(t *testing.T) {
+	_, err := spec.Parse([]byte("{\"name\": \"x\", \"description\": \"\xff\", \"tasks\": {\"a\": {\"sleep\": 1}}}"), spec.DefaultLimits)
+	if fes := validationErrors(t, err); len(fes) != 1 || fes[0].Code != spec.CodeInvalidJSON {
+		t.Errorf("non-UTF-8: err = %v, want one invalid_json error", err)
+	}
+	long := strings.Repeat("a", spec.MaxTaskTypeLen) + ".v1"
+	_, err = spec.Parse([]byte(`{"name": "x", "tasks": {"a": {"task": {"type": "`+long+`"}}}}`), spec.DefaultLimits)
+	if fes := validationErrors(t, err); len(fes) != 1 || fes[0].Path != "tasks.a.task.type" {
+		t.Errorf("a %d-byte task type: err = %v, want one error at tasks.a.task.type", len(long), err)
+	}
+	if spec.ValidTaskType(long) || !spec.ValidTaskType(strings.Repeat("a", spec.MaxTaskTypeLen-3)+".v1") {
+		t.Errorf("ValidTaskType: the bound is %d bytes", spec.MaxTaskTypeLen)
+	}
+}

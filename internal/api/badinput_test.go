@@ -1,0 +1,367 @@
+package api_test
+
+// Bad input through the API: each case once answered 500 (on Postgres),
+// or was stored and answered back as it came, or took the server's
+// memory; now each is a 4xx with a code and the JSON path, and valid
+// requests batched with a bad one are not failed by it.
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/internal/clock"
+	"github.com/ferryhq/ferry/internal/store/postgres/pgtest"
+)
+
+type fsrv struct {
+	t   *testing.T
+	url string
+}
+
+type fresp struct {
+	status int
+	raw    []byte
+	body   map[string]any
+}
+
+func (r fresp) code() string {
+	e, _ := r.body["error"].(map[string]any)
+	c, _ := e["code"].(string)
+	return c
+}
+
+func (r fresp) path() (string, bool) {
+	e, _ := r.body["error"].(map[string]any)
+	d, _ := e["details"].([]any)
+	if len(d) == 0 {
+		return "", false
+	}
+	p, ok := d[0].(map[string]any)["path"].(string)
+	return p, ok
+}
+
+func (r fresp) data() map[string]any { d, _ := r.body["data"].(map[string]any); return d }
+
+func startF(t *testing.T, pg bool, clk clock.Clock) *fsrv {
+	t.Helper()
+	db := "sqlite:" + filepath.Join(t.TempDir(), "f.db")
+	if pg {
+		db = pgtest.DSN(t)
+	}
+	eng, err := ferry.Open(context.Background(), ferry.Config{Database: db, Migrate: true, Logger: slog.New(slog.DiscardHandler), Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.EnsureAPIKey(context.Background(), "k"); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(eng.Handler())
+	t.Cleanup(func() { srv.Close(); _ = eng.Close() })
+	return &fsrv{t: t, url: srv.URL}
+}
+
+// bothDBs runs fn on a server on SQLite and one on Postgres.
+func bothDBs(t *testing.T, fn func(t *testing.T, s *fsrv)) {
+	for _, db := range []string{"sqlite", "postgres"} {
+		t.Run(db, func(t *testing.T) {
+			t.Parallel()
+			fn(t, startF(t, db == "postgres", nil))
+		})
+	}
+}
+
+func (s *fsrv) do(method, path, body string, hdr ...string) fresp {
+	s.t.Helper()
+	req, err := http.NewRequest(method, s.url+path, strings.NewReader(body))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer k")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := (&http.Client{Timeout: 60 * time.Second}).Do(req)
+	if err != nil {
+		s.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	r := fresp{status: resp.StatusCode, raw: raw}
+	_ = json.Unmarshal(raw, &r.body)
+	return r
+}
+
+// want4xx fails unless r is the given 4xx with the code and details[0].path.
+func want4xx(t *testing.T, what string, r fresp, status int, code, path string) {
+	t.Helper()
+	got, _ := r.path()
+	if r.status != status || r.code() != code || got != path {
+		t.Errorf("%s: got %d code=%q path=%q, want %d %q at %q; body %.300s", what, r.status, r.code(), got, status, code, path, r.raw)
+	}
+}
+
+// The YAML parser's work grows with the square of flow nesting (a 250 KB
+// definition was killed at 24 GB): deep nesting is refused first.
+func TestBadInputDeepYAMLRefused(t *testing.T) {
+	s := startF(t, false, nil)
+	body := "name: deep\ntasks:\n  a:\n    url: http://x.example/\n    body: " + strings.Repeat("[", 200_000) + "\n"
+	want4xx(t, "a definition nested 200,000 levels deep", s.do("POST", "/api/v1/workflows", body), 400, "invalid_json", "")
+}
+
+// Bodies that are not UTF-8 are refused (not stored as they came).
+func TestBadInputNonUTF8Refused(t *testing.T) {
+	bothDBs(t, func(t *testing.T, s *fsrv) {
+		s.do("POST", "/api/v1/workflows", `{"name":"w","tasks":{"a":{"sleep":"1h"}}}`)
+		r := s.do("POST", "/api/v1/workflows/w/trigger", "{\"a\":\"\xff\xfe\"}")
+		want4xx(t, "trigger with non-UTF-8 body", r, 400, "invalid_json", "")
+		if id, ok := r.data()["run_id"].(string); ok {
+			g := s.do("GET", "/api/v1/runs/"+id, "")
+			if !utf8.Valid(g.raw) {
+				t.Errorf("GET /runs/%s answers with bytes that are not UTF-8 (not JSON per RFC 8259)", id)
+			}
+		}
+		r = s.do("POST", "/api/v1/tasks", "{\"type\":\"a.v1\",\"payload\":{\"x\":\"\xff\"}}")
+		want4xx(t, "task with non-UTF-8 payload", r, 400, "invalid_json", "")
+		r = s.do("POST", "/api/v1/workflows", "{\"name\":\"nu\",\"description\":\"\xff\",\"tasks\":{\"a\":{\"sleep\":\"1s\"}}}")
+		want4xx(t, "definition with non-UTF-8 string", r, 400, "invalid_json", "")
+	})
+}
+
+// Concurrent triggers, a few not UTF-8: only those are refused.
+func TestBadInputNonUTF8TriggerFailsAlone(t *testing.T) {
+	bothDBs(t, func(t *testing.T, s *fsrv) {
+		s.do("POST", "/api/v1/workflows", `{"name":"w","tasks":{"a":{"sleep":"1h"}}}`)
+		var wg sync.WaitGroup
+		res := make([]int, 40)
+		for i := range res {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				body := fmt.Sprintf(`{"i":%d}`, i)
+				if i%10 == 0 {
+					body = "{\"a\":\"\xff\"}" // the bad one
+				}
+				res[i] = s.do("POST", "/api/v1/workflows/w/trigger", body).status
+			}()
+		}
+		wg.Wait()
+		for i, st := range res {
+			if i%10 == 0 && st != 400 {
+				t.Errorf("bad trigger %d: status %d, want 400", i, st)
+			}
+			if i%10 != 0 && st != 201 {
+				t.Errorf("valid trigger %d: status %d, want 201 (failed by another request's bad body)", i, st)
+			}
+		}
+	})
+}
+
+// Concurrent completions, a few not UTF-8: only those are refused.
+func TestBadInputNonUTF8CompletionFailsAlone(t *testing.T) {
+	bothDBs(t, func(t *testing.T, s *fsrv) {
+		const n = 30
+		for range n {
+			s.do("POST", "/api/v1/tasks", `{"type":"c.v1"}`)
+		}
+		items, _ := s.do("POST", "/api/v1/tasks/claim", fmt.Sprintf(`{"types":["c.v1"],"max":%d}`, n)).body["data"].([]any)
+		var wg sync.WaitGroup
+		res := make([]int, len(items))
+		for i, it := range items {
+			m := it.(map[string]any)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				body := fmt.Sprintf(`{"lease_token":%q,"result":{"ok":%d}}`, m["lease_token"], i)
+				if i%10 == 0 {
+					body = fmt.Sprintf("{\"lease_token\":%q,\"result\":\"\xff\"}", m["lease_token"])
+				}
+				res[i] = s.do("POST", "/api/v1/tasks/"+m["id"].(string)+"/complete", body).status
+			}()
+		}
+		wg.Wait()
+		for i, st := range res {
+			if i%10 == 0 && st != 400 {
+				t.Errorf("bad completion %d: status %d, want 400", i, st)
+			}
+			if i%10 != 0 && st != 200 {
+				t.Errorf("valid completion %d: status %d, want 200 (failed by another request's bad result)", i, st)
+			}
+		}
+	})
+}
+
+// Strings with NUL, which no database stores as text, are refused where
+// they are, and a fail carrying one does not fail the others batched
+// with it.
+func TestBadInputNULRefused(t *testing.T) {
+	bothDBs(t, func(t *testing.T, s *fsrv) {
+		want4xx(t, "task type description with NUL", s.do("PUT", "/api/v1/task-types/a.v1", `{"description":"a\u0000b"}`), 400, "invalid_request", "description")
+		s.do("POST", "/api/v1/tasks", `{"type":"c.v1"}`)
+		want4xx(t, "claim with NUL worker_id", s.do("POST", "/api/v1/tasks/claim", `{"types":["c.v1"],"worker_id":"w\u0000"}`), 400, "invalid_request", "worker_id")
+		want4xx(t, "claim with NUL type", s.do("POST", "/api/v1/tasks/claim", `{"types":["c\u0000"]}`), 400, "invalid_request", "types[0]")
+		s.do("POST", "/api/v1/workflows", `{"name":"w","tasks":{"a":{"sleep":"1h"}}}`)
+		want4xx(t, "batch idempotency_key with NUL", s.do("POST", "/api/v1/workflows/w/trigger-batch", `{"runs":[{"idempotency_key":"a\u0000"}]}`), 400, "invalid_request", "runs[0].idempotency_key")
+
+		// A fail with a NUL in its error takes down the valid fails in its batch.
+		const n = 30
+		for range n {
+			s.do("POST", "/api/v1/tasks", `{"type":"f.v1"}`)
+		}
+		items, _ := s.do("POST", "/api/v1/tasks/claim", fmt.Sprintf(`{"types":["f.v1"],"max":%d}`, n)).body["data"].([]any)
+		var wg sync.WaitGroup
+		res := make([]int, len(items))
+		for i, it := range items {
+			m := it.(map[string]any)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				e := "boom"
+				if i%10 == 0 {
+					e = `bad\u0000byte`
+				}
+				res[i] = s.do("POST", "/api/v1/tasks/"+m["id"].(string)+"/fail", fmt.Sprintf(`{"lease_token":%q,"error":"%s","retryable":false}`, m["lease_token"], e)).status
+			}()
+		}
+		wg.Wait()
+		for i, st := range res {
+			if i%10 != 0 && st != 200 {
+				t.Errorf("valid fail %d: status %d, want 200", i, st)
+			}
+		}
+	})
+}
+
+// Ids and cursors that are not UTF-8 or hold NUL: not found, or a bad
+// cursor.
+func TestBadInputPathAndCursorBytes(t *testing.T) {
+	bothDBs(t, func(t *testing.T, s *fsrv) {
+		for _, p := range []string{
+			"/api/v1/workflows/%ff", "/api/v1/runs/%ff%00", "/api/v1/tasks/%ff", "/api/v1/task-types/%ff",
+		} {
+			want4xx(t, "GET "+p, s.do("GET", p, ""), 404, "not_found", "")
+		}
+		// No API key needed for this one.
+		r := s.do("POST", "/wh/%ff%00", "{}")
+		if r.status != 404 || r.code() != "not_found" {
+			t.Errorf("POST /wh/%%ff%%00: %d %s", r.status, r.raw)
+		}
+		want4xx(t, "list workflows with a non-UTF-8 cursor", s.do("GET", "/api/v1/workflows?cursor=%ff", ""), 400, "invalid_parameter", "cursor")
+	})
+}
+
+// Idempotency keys are bounded (they are indexed).
+func TestBadInputLongIdempotencyKey(t *testing.T) {
+	bothDBs(t, func(t *testing.T, s *fsrv) {
+		s.do("POST", "/api/v1/workflows", `{"name":"w","tasks":{"a":{"sleep":"1h"}}}`)
+		b := make([]byte, 1500)
+		rand.Read(b)
+		key := hex.EncodeToString(b) // 3000 incompressible bytes
+		r := s.do("POST", "/api/v1/workflows/w/trigger", `{}`, "Idempotency-Key", key)
+		if r.status/100 != 4 || r.code() == "" {
+			t.Errorf("trigger with a 3000-byte Idempotency-Key: %d %s", r.status, r.raw)
+		}
+		want4xx(t, "trigger-batch with a 3000-byte idempotency_key", s.do("POST", "/api/v1/workflows/w/trigger-batch", `{"runs":[{"idempotency_key":"`+key+`"}]}`), 400, "invalid_request", "runs[0].idempotency_key")
+	})
+}
+
+func longTaskType(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)[:n] + ".v1"
+}
+
+// Task types are bounded (they are indexed): a definition naming a longer
+// one is refused, rather than accepted and its runs stuck.
+func TestBadInputLongTaskType(t *testing.T) {
+	bothDBs(t, func(t *testing.T, s *fsrv) {
+		typ := longTaskType(4000)
+		want4xx(t, "POST /tasks with a 4 KB type", s.do("POST", "/api/v1/tasks", `{"type":"`+typ+`"}`), 400, "invalid_request", "type")
+		want4xx(t, "PUT /task-types with a 4 KB type", s.do("PUT", "/api/v1/task-types/"+typ, `{}`), 400, "invalid_request", "type")
+		r := s.do("POST", "/api/v1/workflows", `{"name":"lt","tasks":{"a":{"task":{"type":"a.v1"}},"b":{"needs":["a"],"task":{"type":"`+typ+`"}}}}`)
+		want4xx(t, "definition with a 4 KB task type", r, 422, "invalid_workflow", "tasks.b.task.type")
+		if r.status != 201 {
+			return
+		}
+		// What happens once it is accepted: step a's valid completion can never be recorded.
+		s.do("POST", "/api/v1/workflows/lt/trigger", `{}`)
+		m := s.do("POST", "/api/v1/tasks/claim", `{"types":["a.v1"]}`).body["data"].([]any)[0].(map[string]any)
+		c := s.do("POST", "/api/v1/tasks/"+m["id"].(string)+"/complete", fmt.Sprintf(`{"lease_token":%q,"result":{}}`, m["lease_token"]))
+		if c.status != 200 {
+			t.Errorf("valid completion of step a: %d %s", c.status, c.raw)
+		}
+	})
+}
+
+// A claim lists at most 100 types or prefixes.
+func TestBadInputClaimManyTypes(t *testing.T) {
+	s := startF(t, false, nil)
+	body := `{"types":[` + strings.Repeat(`"zz.v1",`, 599) + `"zz.v1"]}`
+	r := s.do("POST", "/api/v1/tasks/claim", body)
+	want4xx(t, "claim with 600 types", r, 400, "invalid_request", "types")
+}
+
+// A bad run_at is named.
+func TestBadInputRunAtPath(t *testing.T) {
+	s := startF(t, false, nil)
+	want4xx(t, "run_at not RFC 3339", s.do("POST", "/api/v1/tasks", `{"type":"a.v1","run_at":"tomorrow"}`), 400, "invalid_request", "run_at")
+	want4xx(t, "run_at a number", s.do("POST", "/api/v1/tasks", `{"type":"a.v1","run_at":5}`), 400, "invalid_request", "run_at")
+}
+
+// lease_seconds under 1 is refused, not taken as the default.
+func TestBadInputClaimTinyLease(t *testing.T) {
+	s := startF(t, false, nil)
+	s.do("POST", "/api/v1/tasks", `{"type":"a.v1"}`)
+	r := s.do("POST", "/api/v1/tasks/claim", `{"types":["a.v1"],"lease_seconds":1e-12}`)
+	want4xx(t, "claim lease_seconds 1e-12", r, 400, "invalid_request", "lease_seconds")
+	// heartbeat rejects the same value:
+	// POST /tasks/{id}/heartbeat {"lease_token":..,"lease_seconds":1e-12} -> 400 at lease_seconds
+}
+
+// "if": "" is refused: it is neither a condition nor none.
+func TestBadInputEmptyIf(t *testing.T) {
+	s := startF(t, false, nil)
+	r := s.do("POST", "/api/v1/workflows", `{"name":"x","tasks":{"a":{"sleep":"1s"},"b":{"needs":["a"],"sleep":"1s","if":""}}}`)
+	want4xx(t, `"if": ""`, r, 422, "invalid_workflow", "tasks.b.if")
+}
+
+// A retry_delay × attempt² past the int64 range is capped at 24h, not
+// wrapped to a short delay.
+func TestBadInputBackoffOverflow(t *testing.T) {
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	s := startF(t, false, clk)
+	// 9 × 2049638230523283513ns = 2^64 + 1000000001ns: wraps to ~1s.
+	r := s.do("POST", "/api/v1/tasks", `{"type":"b.v1","retry_delay":"2049638230523283513ns","max_attempts":5}`)
+	if r.status != 201 {
+		t.Fatalf("create: %d %s", r.status, r.raw)
+	}
+	id := r.data()["id"].(string)
+	var runAt time.Time
+	for attempt := 1; attempt <= 3; attempt++ {
+		c := s.do("POST", "/api/v1/tasks/claim", `{"types":["b.v1"]}`)
+		items, _ := c.body["data"].([]any)
+		if len(items) != 1 {
+			t.Fatalf("attempt %d: claim got %s", attempt, c.raw)
+		}
+		lt := items[0].(map[string]any)["lease_token"].(string)
+		f := s.do("POST", "/api/v1/tasks/"+id+"/fail", fmt.Sprintf(`{"lease_token":%q,"error":"x"}`, lt))
+		runAt, _ = time.Parse(time.RFC3339Nano, f.data()["run_at"].(string))
+		clk.Advance(27 * time.Hour)
+	}
+	if d := runAt.Sub(clk.Now().Add(-27 * time.Hour)); d < time.Hour {
+		t.Errorf("after attempt 3 the retry comes in %v, though retry_delay×9 is ~210 years and the cap is 24h", d)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -195,6 +196,7 @@ const (
 	maxClaim        = 100 // the protocol's cap on one claim
 	maxClaimTypes   = 100 // and on the types it lists
 	maxWorkerID     = 255 // and on a worker's id
+	maxTypeLen      = 255 // and on a type's length
 	maxPollWait     = 60 * time.Second
 	claimBackoffMin = 100 * time.Millisecond
 	claimBackoffMax = 5 * time.Second
@@ -359,8 +361,11 @@ func (w *Worker) check() error {
 		return fmt.Errorf("worker: Lease %s is outside the protocol's 1s to 1h", w.cfg.Lease)
 	}
 	for _, t := range w.cfg.Types {
-		if t == "" || strings.Contains(strings.TrimSuffix(t, "%"), "%") {
+		switch {
+		case t == "" || strings.Contains(strings.TrimSuffix(t, "%"), "%"):
 			return fmt.Errorf("worker: type %q: use an exact type or a prefix ending in %%", t)
+		case len(t) > maxTypeLen+1 || !utf8.ValidString(t) || strings.IndexByte(t, 0) >= 0:
+			return fmt.Errorf("worker: type %.40q…: a type is UTF-8 text without NUL of at most %d bytes", t, maxTypeLen)
 		}
 	}
 	switch n := len(w.claimTypes()); {
@@ -369,8 +374,8 @@ func (w *Worker) check() error {
 	case n > maxClaimTypes:
 		return fmt.Errorf("worker: %d types to claim, more than a claim may list (%d)", n, maxClaimTypes)
 	}
-	if len(w.cfg.WorkerID) > maxWorkerID {
-		return fmt.Errorf("worker: WorkerID is %d bytes, more than %d", len(w.cfg.WorkerID), maxWorkerID)
+	if len(w.cfg.WorkerID) > maxWorkerID || !utf8.ValidString(w.cfg.WorkerID) || strings.IndexByte(w.cfg.WorkerID, 0) >= 0 {
+		return fmt.Errorf("worker: WorkerID must be UTF-8 text without NUL of at most %d bytes", maxWorkerID)
 	}
 	return nil
 }

@@ -53,8 +53,8 @@ func decodeStrictBytes(b []byte, v any, prefix string) *spec.FieldError {
 		// A string with NUL ("\u0000") decodes, but no database stores
 		// it as text (Postgres refuses it, failing the writes batched
 		// with it).
-		field := nulField(reflect.ValueOf(v), "")
-		if field == "" {
+		field, found := nulField(reflect.ValueOf(v))
+		if !found {
 			return nil
 		}
 		if prefix != "" {
@@ -93,63 +93,68 @@ func decodeStrictBytes(b []byte, v any, prefix string) *spec.FieldError {
 	return &spec.FieldError{Path: path, Code: CodeInvalidRequest, Message: msg}
 }
 
-// nulField is the JSON path (under at) of the first decoded string in v
-// holding NUL, or "". Raw JSON fields are not looked into: they are
-// stored as JSON text, where NUL stays escaped.
-func nulField(v reflect.Value, at string) string {
+// nulField is the JSON path of the first decoded string in v holding NUL,
+// if any. The path is built only for what is found: the walk runs for
+// every request. Raw JSON fields are not looked into (stored as JSON
+// text, NUL stays escaped), nor fields tagged nul:"clean" (their handler
+// replaces NUL).
+func nulField(v reflect.Value) (string, bool) {
 	switch v.Kind() {
 	case reflect.Pointer, reflect.Interface:
 		if !v.IsNil() {
-			return nulField(v.Elem(), at)
+			return nulField(v.Elem())
 		}
 	case reflect.String:
-		if strings.IndexByte(v.String(), 0) >= 0 {
-			return at
-		}
+		return "", strings.IndexByte(v.String(), 0) >= 0
 	case reflect.Struct:
 		t := v.Type()
 		for i := range t.NumField() {
-			name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
-			if !t.Field(i).IsExported() || name == "-" {
+			f := t.Field(i)
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if !f.IsExported() || name == "-" || f.Tag.Get("nul") == "clean" {
 				continue
 			}
-			if name == "" {
-				name = t.Field(i).Name
-			}
-			p := name
-			if at != "" {
-				p = at + "." + name
-			}
-			if f := nulField(v.Field(i), p); f != "" {
-				return f
+			if p, ok := nulField(v.Field(i)); ok {
+				if name == "" {
+					name = f.Name
+				}
+				return join(name, p), true
 			}
 		}
 	case reflect.Slice, reflect.Array:
 		if v.Type().Elem().Kind() == reflect.Uint8 {
-			return "" // bytes: json.RawMessage
+			return "", false // bytes: json.RawMessage
 		}
 		for i := range v.Len() {
-			if f := nulField(v.Index(i), fmt.Sprintf("%s[%d]", at, i)); f != "" {
-				return f
+			if p, ok := nulField(v.Index(i)); ok {
+				return join(fmt.Sprintf("[%d]", i), p), true
 			}
 		}
 	case reflect.Map:
 		iter := v.MapRange()
 		for iter.Next() {
 			k := fmt.Sprint(iter.Key().Interface())
-			p := k
-			if at != "" {
-				p = at + "." + k
-			}
 			if strings.IndexByte(k, 0) >= 0 {
-				return p
+				return k, true
 			}
-			if f := nulField(iter.Value(), p); f != "" {
-				return f
+			if p, ok := nulField(iter.Value()); ok {
+				return join(k, p), true
 			}
 		}
 	}
-	return ""
+	return "", false
+}
+
+// join is the path of rest under name: "a" and "b" → "a.b", "a" and
+// "[1].b" → "a[1].b".
+func join(name, rest string) string {
+	switch {
+	case rest == "":
+		return name
+	case strings.HasPrefix(rest, "["):
+		return name + rest
+	}
+	return name + "." + rest
 }
 
 // fieldProblem names the field of an object that a strict decode failed
@@ -251,7 +256,7 @@ func (s *Server) createTask(w http.ResponseWriter, r *http.Request) {
 		badField(w, "max_attempts", "max_attempts must be from 1 to 100")
 		return
 	case len(req.IdempotencyKey) > 255:
-		badField(w, "idempotency_key", "idempotency_key must be at most 255 characters")
+		badField(w, "idempotency_key", "idempotency_key must be at most 255 bytes")
 		return
 	}
 	if len(req.Payload) > 0 && !json.Valid(req.Payload) {
@@ -644,7 +649,7 @@ func errorJSON(d ErrorDetail) *ordered {
 
 type failRequest struct {
 	LeaseToken string `json:"lease_token"`
-	Error      string `json:"error"`
+	Error      string `json:"error" nul:"clean"`
 	Retryable  *bool  `json:"retryable"`
 }
 
@@ -658,7 +663,11 @@ func (s *Server) failTask(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	retryable := req.Retryable == nil || *req.Retryable
-	t, err := s.rt.FailTask(r.Context(), r.PathValue("id"), req.LeaseToken, req.Error, retryable)
+	// A worker's error text (a subprocess's output, say) may hold NUL:
+	// it is stored with U+FFFD in its place rather than refused, which
+	// would lose the outcome.
+	msg := strings.ReplaceAll(req.Error, "\x00", "\uFFFD")
+	t, err := s.rt.FailTask(r.Context(), r.PathValue("id"), req.LeaseToken, msg, retryable)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return

@@ -19,11 +19,22 @@ type poisonStore struct {
 	batches int
 }
 
+var (
+	errPoison = errors.New("the database refused the batch")
+	errDown   = errors.New("the database is down")
+)
+
+// Refused: the poison is a refusal of data; anything else a failure.
+func (s *poisonStore) Refused(err error) bool { return errors.Is(err, errPoison) }
+
 func (s *poisonStore) CreateRuns(ctx context.Context, nrs []*store.NewRun, now time.Time) ([]store.CreateResult, error) {
 	s.batches++
 	for _, nr := range nrs {
-		if nr.Run.IdempotencyKey == "poison" {
-			return nil, errors.New("the database refused the batch")
+		switch nr.Run.IdempotencyKey {
+		case "poison":
+			return nil, errPoison
+		case "down":
+			return nil, errDown
 		}
 	}
 	return s.Store.CreateRuns(ctx, nrs, now)
@@ -60,5 +71,24 @@ func TestBatchFailingAsAWholeIsWrittenOneByOne(t *testing.T) {
 	}
 	if st.batches != 4 {
 		t.Errorf("%d store calls, want the batch then each of its 3 alone", st.batches)
+	}
+
+	// A failure of the database itself (not a refusal of the data) fails
+	// the batch once: each request alone would wait on it in turn.
+	st.batches = 0
+	var down []*triggerReq
+	for _, key := range []string{"c", "down", "d"} {
+		nr := r.newRun(wf, def, TriggerRequest{IdempotencyKey: key}, clk.Now())
+		down = append(down, &triggerReq{ctx: t.Context(), nr: nr, done: make(chan struct{})})
+	}
+	r.applyTriggers(down)
+	for _, q := range down {
+		<-q.done
+		if !errors.Is(q.err, errDown) {
+			t.Errorf("key %s: %v, want the batch's failure", q.nr.Run.IdempotencyKey, q.err)
+		}
+	}
+	if st.batches != 1 {
+		t.Errorf("%d store calls for a batch the database failed, want 1", st.batches)
 	}
 }

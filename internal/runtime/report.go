@@ -182,7 +182,7 @@ func (r *Runtime) applyReports(batch []*reportReq) []*reportReq {
 		return nil
 	})
 	of.settle(err)
-	if err != nil && len(batch) > 1 {
+	if err != nil && len(batch) > 1 && r.refused(err) {
 		// The database refused the batch as a whole: one report it cannot
 		// store must not fail the others. Each is written alone.
 		return alone(r, batch, r.applyReports)

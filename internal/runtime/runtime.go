@@ -217,7 +217,7 @@ func (r *Runtime) Definition(ctx context.Context, workflowID string, version int
 	if err != nil {
 		return nil, err
 	}
-	def, err := spec.Parse(w.Definition, spec.Limits{})
+	def, err := spec.Parse(w.Definition, spec.Limits{Stored: true})
 	if err != nil {
 		return nil, fmt.Errorf("stored definition %s: %w", key, err)
 	}
@@ -584,7 +584,7 @@ func (r *Runtime) applyTriggers(batch []*triggerReq) []*triggerReq {
 		nrs[i] = q.nr
 	}
 	res, err := r.createRuns(context.Background(), nrs, r.clk.Now())
-	if err != nil && len(batch) > 1 {
+	if err != nil && len(batch) > 1 && r.refused(err) {
 		// The database refused the batch as a whole: one request it cannot
 		// store must not fail the others. Each is written alone.
 		return alone(r, batch, r.applyTriggers)
@@ -605,10 +605,22 @@ func (r *Runtime) applyTriggers(batch []*triggerReq) []*triggerReq {
 	return retry
 }
 
-// alone applies each request of a batch that failed as a whole in a
-// batch of its own, and returns those to retry. A failed batch costs its
-// requests one transaction each: a bad request fails alone, and a
-// database that is down fails each quickly.
+// refuser is a store that tells a refusal of the data a write carries
+// (text the database cannot store, an index entry too large) from a
+// failure of the database itself (postgres.Store.Refused).
+type refuser interface{ Refused(err error) bool }
+
+// refused tells whether err refused a batch's data: only then is the
+// batch written again request by request (a database that is down would
+// fail each in turn, each waiting out its own connection attempt).
+func (r *Runtime) refused(err error) bool {
+	rs, ok := r.st.(refuser)
+	return ok && rs.Refused(err)
+}
+
+// alone applies each request of a batch the database refused as a whole
+// in a batch of its own, and returns those to retry: the request at fault
+// fails alone.
 func alone[R request](r *Runtime, batch []R, apply func([]R) []R) []R {
 	var retry []R
 	for _, q := range batch {

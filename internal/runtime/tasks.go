@@ -179,7 +179,10 @@ func TaskBackoff(attempt int, base time.Duration, rnd func() float64) time.Durat
 	// and may wrap to a small positive delay.
 	sq := time.Duration(attempt * attempt)
 	d := MaxTaskRetryDelay
-	if base >= 0 && sq > 0 && base <= MaxTaskRetryDelay/sq {
+	switch {
+	case sq <= 0 || base <= 0:
+		d = 0
+	case base <= MaxTaskRetryDelay/sq:
 		d = base * sq
 	}
 	return d + time.Duration(float64(d)*0.1*rnd())
@@ -220,7 +223,7 @@ func CheckClaim(req *ClaimRequest) *FieldError {
 		case t == "" || strings.Contains(strings.TrimSuffix(t, "%"), "%"):
 			return &FieldError{fmt.Sprintf("types[%d]", i), fmt.Sprintf("%q: use an exact type or a prefix ending in %%", t)}
 		case len(t) > spec.MaxTaskTypeLen+1 || !utf8.ValidString(t) || strings.IndexByte(t, 0) >= 0:
-			return &FieldError{fmt.Sprintf("types[%d]", i), fmt.Sprintf("a type or prefix is UTF-8 text without NUL of at most %d bytes", spec.MaxTaskTypeLen)}
+			return &FieldError{fmt.Sprintf("types[%d]", i), fmt.Sprintf("a type (at most %d bytes), or a prefix with its %%, is UTF-8 text without NUL", spec.MaxTaskTypeLen)}
 		}
 	}
 	if len(req.WorkerID) > MaxWorkerIDLen || !utf8.ValidString(req.WorkerID) || strings.IndexByte(req.WorkerID, 0) >= 0 {

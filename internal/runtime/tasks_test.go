@@ -224,6 +224,14 @@ func TestTaskBackoffFunction(t *testing.T) {
 	if got := runtime.TaskBackoff(1<<20, time.Hour, zero); got != runtime.MaxTaskRetryDelay {
 		t.Errorf("TaskBackoff overflowing = %v, want the cap %v", got, runtime.MaxTaskRetryDelay)
 	}
+	// 9 × this base is 2^64 ns + ≈1 s: a product taken first wraps to a
+	// second, under the cap.
+	if got := runtime.TaskBackoff(3, 2049638230523283513, zero); got != runtime.MaxTaskRetryDelay {
+		t.Errorf("TaskBackoff whose product wraps = %v, want the cap %v", got, runtime.MaxTaskRetryDelay)
+	}
+	if got := runtime.TaskBackoff(0, time.Minute, one); got != 0 {
+		t.Errorf("TaskBackoff(0, 1m) = %v, want 0", got)
+	}
 }
 
 // TestTaskBackoffSchedule fails a task retryably three times: each retry is

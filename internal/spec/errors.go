@@ -64,7 +64,11 @@ func (e *ValidationError) Error() string {
 	return "invalid workflow: " + strings.Join(parts, "; ")
 }
 
-type collector struct{ errs []FieldError }
+type collector struct {
+	errs []FieldError
+	// stored: reading a stored version (Limits.Stored).
+	stored bool
+}
 
 func (c *collector) add(path, code, format string, args ...any) {
 	c.errs = append(c.errs, FieldError{Path: path, Code: code, Message: fmt.Sprintf(format, args...)})

@@ -14,6 +14,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/goccy/go-yaml"
+	"github.com/goccy/go-yaml/lexer"
+	"github.com/goccy/go-yaml/token"
 	"github.com/google/uuid"
 )
 
@@ -61,9 +63,10 @@ func ToJSON(doc []byte) ([]byte, error) {
 	if len(trimmed) > 0 && (trimmed[0] == '{' || trimmed[0] == '[') {
 		return trimmed, nil
 	}
-	// The YAML parser's work grows with the square of how deeply flow
-	// collections nest ("[[[[…"): a definition of 250 KB took 24 GB.
-	if d := flowDepth(doc); d > MaxYAMLNesting {
+	// The YAML parser's work grows with the square of how deeply
+	// collections nest ("[[[[…", "- - - -…"): a definition of 250 KB took
+	// 24 GB.
+	if yamlNesting(doc) > MaxYAMLNesting {
 		return nil, fmt.Errorf("invalid YAML: collections nested more than %d levels deep", MaxYAMLNesting)
 	}
 	// This is yaml.YAMLToJSON with a bound in the middle: aliases let a
@@ -84,68 +87,41 @@ func ToJSON(doc []byte) ([]byte, error) {
 	return out, nil
 }
 
-// MaxYAMLNesting bounds how deeply a YAML definition's flow collections
-// ([…] and {…}) nest.
+// MaxYAMLNesting bounds how deeply a YAML definition's collections nest
+// where nesting is cheap to write: flow collections ([…] and {…}) and
+// block entries on one line ("- - - x", "? ? x"). Nesting by indentation
+// costs the square of its depth in bytes, so the size limit bounds it.
 const MaxYAMLNesting = 100
 
-// flowDepth is the deepest nesting of YAML flow collections in doc,
-// outside quoted scalars and comments (a bracket in a block scalar counts
-// too: a bound that errs that way only refuses what no definition needs).
-// It stops counting past MaxYAMLNesting.
-func flowDepth(doc []byte) int {
+// yamlNesting is the deepest such nesting in doc, as the YAML parser's
+// own lexer reads it (so quotes, comments and block scalars count as the
+// parser counts them); it stops counting past MaxYAMLNesting.
+func yamlNesting(doc []byte) int {
 	depth, deepest := 0, 0
-	for i := 0; i < len(doc); i++ {
-		switch c := doc[i]; c {
-		case '[', '{':
+	line, run := -1, 0
+	for _, tk := range lexer.Tokenize(string(doc)) {
+		switch tk.Type {
+		case token.SequenceStartType, token.MappingStartType:
 			depth++
-			if depth > deepest {
-				deepest = depth
-				if deepest > MaxYAMLNesting {
-					return deepest
+			deepest = max(deepest, depth)
+		case token.SequenceEndType, token.MappingEndType:
+			depth = max(depth-1, 0)
+		case token.SequenceEntryType, token.MappingKeyType:
+			if tk.Position != nil && tk.Position.Line == line {
+				run++
+			} else {
+				line, run = -1, 1
+				if tk.Position != nil {
+					line = tk.Position.Line
 				}
 			}
-		case ']', '}':
-			if depth > 0 {
-				depth--
-			}
-		case '"':
-			if !scalarStart(doc, i) {
-				continue
-			}
-			for i++; i < len(doc) && doc[i] != '"'; i++ {
-				if doc[i] == '\\' {
-					i++
-				}
-			}
-		case '\'':
-			if !scalarStart(doc, i) {
-				continue // an apostrophe in a plain scalar ("it's")
-			}
-			for i++; i < len(doc); i++ {
-				if doc[i] == '\'' {
-					if i+1 < len(doc) && doc[i+1] == '\'' {
-						i++
-						continue
-					}
-					break
-				}
-			}
-		case '#':
-			if i == 0 || doc[i-1] == ' ' || doc[i-1] == '\t' || doc[i-1] == '\n' {
-				for i < len(doc) && doc[i] != '\n' {
-					i++
-				}
-			}
+			deepest = max(deepest, depth+run)
+		}
+		if deepest > MaxYAMLNesting {
+			break
 		}
 	}
 	return deepest
-}
-
-// scalarStart tells whether a quote at doc[i] can open a quoted scalar:
-// at the start of the document or a line, or after a space or an
-// indicator.
-func scalarStart(doc []byte, i int) bool {
-	return i == 0 || strings.IndexByte(" \t\r\n[{,:-?", doc[i-1]) >= 0
 }
 
 // yamlWithin subtracts a rough JSON size of v from *budget and reports
@@ -185,12 +161,12 @@ func yamlWithin(v any, budget *int) bool {
 // Parse reads and validates a definition (JSON or YAML). On failure the error
 // is a *ValidationError listing every problem.
 func Parse(doc []byte, lim Limits) (*Workflow, error) {
-	c := &collector{}
+	c := &collector{stored: lim.Stored}
 	if lim.MaxBytes > 0 && len(doc) > lim.MaxBytes {
 		c.add("", CodeTooLarge, "definition is larger than the %d-byte limit", lim.MaxBytes)
 		return nil, c.err()
 	}
-	if !utf8.Valid(doc) {
+	if !lim.Stored && !utf8.Valid(doc) {
 		c.add("", CodeInvalidJSON, "a definition must be UTF-8 text")
 		return nil, c.err()
 	}
@@ -350,8 +326,8 @@ func parseStep(c *collector, path, name string, raw json.RawMessage) *Step {
 		case "if":
 			if s, ok := str(c, p, m.Value); ok {
 				st.If = s
-				if s == "" { // not the same as no condition: say which was meant
-					c.add(p, CodeInvalidCondition, "if is empty: give a condition, or leave if out")
+				if s == "" && !c.stored { // not the same as no condition: say which was meant
+					c.add(p, CodeInvalidCondition, "if is empty or null: give a condition, or leave if out")
 				}
 			}
 		case "url":
@@ -467,7 +443,7 @@ func parseTask(c *collector, p string, st *Step, raw json.RawMessage) {
 			if s, ok := str(c, p+".type", m.Value); ok {
 				st.TaskType = s
 				switch {
-				case len(s) > MaxTaskTypeLen:
+				case len(s) > MaxTaskTypeLen && !c.stored:
 					c.add(p+".type", CodeInvalidValue, "task type is %d bytes long, more than %d", len(s), MaxTaskTypeLen)
 				case !taskTypeRE.MatchString(s):
 					c.add(p+".type", CodeInvalidValue, "task type %q must be a versioned name like \"billing.invoice.v1\" (lower case, dot-separated, ending in .vN)", s)

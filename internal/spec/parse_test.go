@@ -821,6 +821,12 @@ func TestParseYAMLDeepNestingRefused(t *testing.T) {
 		"mappings":             "name: deep\ntasks:\n  a:\n    url: http://x.test/\n    body: " + strings.Repeat("{a: ", 30_000) + "\n",
 		"after an apostrophe":  "name: deep\ndescription: it's\ntasks:\n  a:\n    url: http://x.test/\n    body: " + deep + "\n",
 		"after a # in a value": "name: deep\ndescription: a#b\ntasks:\n  a:\n    url: http://x.test/\n    body: " + deep + "\n",
+		"after a stray quote":  "name: deep\ndescription: say \"hi\ntasks:\n  a:\n    url: http://x.test/\n    body: " + deep + "\n",
+		"after rock 'n roll":   "name: deep\ndescription: rock 'n roll\ntasks:\n  a:\n    url: http://x.test/\n    body: " + deep + "\n",
+		"after a-\"":           "name: deep\ndescription: a-\"\ntasks:\n  a:\n    url: http://x.test/\n    body: " + deep + "\n",
+		"after a block scalar": "name: deep\ndescription: |\n  he said \"no\ntasks:\n  a:\n    url: http://x.test/\n    body: " + deep + "\n",
+		"a comment in a flow":  "name: deep\ntasks:\n  a:\n    url: http://x.test/\n    body: [a,# \"\n      " + deep + "\n",
+		"block entries":        "name: deep\ntasks:\n  a:\n    url: http://x.test/\n    body:\n      " + strings.Repeat("- ", 100_000) + "x\n",
 	} {
 		_, err := spec.Parse([]byte(doc), spec.DefaultLimits)
 		fes := validationErrors(t, err)
@@ -849,5 +855,23 @@ func TestParseRefusesNonUTF8AndLongTaskTypes(t *testing.T) {
 	}
 	if spec.ValidTaskType(long) || !spec.ValidTaskType(strings.Repeat("a", spec.MaxTaskTypeLen-3)+".v1") {
 		t.Errorf("ValidTaskType: the bound is %d bytes", spec.MaxTaskTypeLen)
+	}
+}
+
+// A version stored before the checks added since (UTF-8, an empty if, a
+// task type's length) is read as it was (spec.Limits.Stored), so its runs
+// go on; submitted again, it is refused.
+func TestParseStoredVersionUnderOlderRules(t *testing.T) {
+	long := strings.Repeat("a", spec.MaxTaskTypeLen) + ".v1"
+	doc := []byte("{\"name\": \"old\", \"description\": \"\xff\", \"tasks\": {\"a\": {\"task\": {\"type\": \"" + long + "\"}}, \"b\": {\"needs\": [\"a\"], \"if\": \"\", \"sleep\": 1}}}")
+	w, err := spec.Parse(doc, spec.Limits{Stored: true})
+	if err != nil {
+		t.Fatalf("the stored version: %v", err)
+	}
+	if b := mustStep(t, w, "b"); b.If != "" {
+		t.Errorf("b's if = %q, want none", b.If)
+	}
+	if _, err := spec.Parse(doc, spec.DefaultLimits); err == nil {
+		t.Error("the same definition submitted was accepted")
 	}
 }

@@ -35,6 +35,12 @@ const (
 type Limits struct {
 	MaxBytes int // size of the submitted document
 	MaxSteps int
+	// Stored reads a version accepted before: the checks added since
+	// versions were first stored (a definition is UTF-8, an if is not
+	// empty, a task type is at most MaxTaskTypeLen bytes) are not applied,
+	// so that the runs of a version stored under older rules go on. An
+	// empty if then means no condition, as it did.
+	Stored bool
 }
 
 // DefaultLimits are the limits the issue names: 256 KB and 100 steps.

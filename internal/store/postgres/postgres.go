@@ -735,6 +735,16 @@ func takeMaxConns(dsn string) (string, int, error) {
 	return u.String(), n, nil
 }
 
+// Refused tells whether err is Postgres refusing the data a write
+// carries rather than failing: a data exception (class 22: bytes that are
+// not UTF-8, NUL in text, a value out of range) or a program limit
+// (class 54: an index entry too large). The runtime then writes a batch
+// again one request at a time, so the request at fault fails alone.
+func (s *Store) Refused(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (strings.HasPrefix(pe.Code, "22") || strings.HasPrefix(pe.Code, "54"))
+}
+
 func isUnique(err error) bool {
 	var pe *pgconn.PgError
 	return errors.As(err, &pe) && pe.Code == "23505"

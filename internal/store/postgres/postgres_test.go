@@ -1353,3 +1353,30 @@ func BenchmarkClaimPastOtherType(b *testing.B) {
 	}
 	storetest.BenchClaimPastOtherType(b, s, s.DB(), 100_000)
 }
+
+// TestRefusedIsTheDataNotTheDatabase: Postgres refusing what a write
+// carries (NUL in text, an index entry too large) is a refusal; a failed
+// connection or a cancelled query is not.
+func TestRefusedIsTheDataNotTheDatabase(t *testing.T) {
+	s := open(t)
+	ctx := t.Context()
+	_, nul := s.DB().ExecContext(ctx, `SELECT $1::text`, "a\x00b")
+	if nul == nil || !s.Refused(nul) {
+		t.Errorf("NUL in text: %v, want an error Refused reports", nul)
+	}
+	noise := make([]byte, 3000) // incompressible: the entry stays large
+	_, _ = rand.Read(noise)
+	_, big := s.DB().ExecContext(ctx, `INSERT INTO runs (id, workflow_id, version, status, input, trigger_headers, idempotency_key, event_seq, started_at, updated_at, expires_at) VALUES ('r1', 'w', 1, 'running', '{}', '{}', $1, 0, 0, 0, 0)`, fmt.Sprintf("%x", noise))
+	if big == nil || !strings.Contains(big.Error(), "index row") || !s.Refused(big) {
+		t.Errorf("an idempotency key too large for its index: %v, want an error Refused reports", big)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	_, gone := s.DB().ExecContext(cctx, `SELECT 1`)
+	if gone == nil || s.Refused(gone) {
+		t.Errorf("a cancelled query: %v, want an error Refused does not report", gone)
+	}
+	if s.Refused(errors.New("connection refused")) {
+		t.Error("a plain error reported as a refusal")
+	}
+}

@@ -429,12 +429,7 @@ func (w *Worker) claimLoop(ctx, hctx context.Context, inflight chan struct{}, wg
 					return
 				}
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer func() { <-inflight }()
-				w.executeChain(ctx, hctx, ct, claimed, rep)
-			}()
+			w.startInSlot(ctx, hctx, ct, claimed, inflight, wg, rep)
 		}
 		var d time.Duration
 		switch {
@@ -474,13 +469,19 @@ func (w *Worker) startLater(ctx, hctx context.Context, tasks []client.ClaimedTas
 			case <-hctx.Done():
 				return
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer func() { <-inflight }()
-				w.executeChain(ctx, hctx, ct, claimed, rep)
-			}()
+			w.startInSlot(ctx, hctx, ct, claimed, inflight, wg, rep)
 		}
+	}()
+}
+
+// startInSlot runs ct (and the tasks its eager completions hand over) in
+// the slot it holds, which it gives back when done.
+func (w *Worker) startInSlot(ctx, hctx context.Context, ct client.ClaimedTask, claimed time.Time, inflight chan struct{}, wg *sync.WaitGroup, rep reporters) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer func() { <-inflight }()
+		w.executeChain(ctx, hctx, ct, claimed, rep)
 	}()
 }
 

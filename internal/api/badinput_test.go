@@ -74,6 +74,33 @@ func startF(t *testing.T, pg bool, clk clock.Clock) *fsrv {
 	return &fsrv{t: t, url: srv.URL}
 }
 
+// concurrently sends n requests at once, the ith by do(i), and returns
+// their statuses; every tenth is the bad one.
+func concurrently(n int, do func(i int, bad bool) int) []int {
+	var wg sync.WaitGroup
+	res := make([]int, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i] = do(i, i%10 == 0)
+		}()
+	}
+	wg.Wait()
+	return res
+}
+
+// wantBadAlone fails unless every tenth request (the bad one) got bad and
+// the others good.
+func wantBadAlone(t *testing.T, what string, res []int, bad, good int) {
+	t.Helper()
+	for i, st := range res {
+		if want := map[bool]int{true: bad, false: good}[i%10 == 0]; st != want {
+			t.Errorf("%s %d: status %d, want %d (a valid one failed by another's bad input, or a bad one accepted)", what, i, st, want)
+		}
+	}
+}
+
 // bothDBs runs fn on a server on SQLite and one on Postgres.
 func bothDBs(t *testing.T, fn func(t *testing.T, s *fsrv)) {
 	for _, db := range []string{"sqlite", "postgres"} {
@@ -145,28 +172,14 @@ func TestBadInputNonUTF8Refused(t *testing.T) {
 func TestBadInputNonUTF8TriggerFailsAlone(t *testing.T) {
 	bothDBs(t, func(t *testing.T, s *fsrv) {
 		s.do("POST", "/api/v1/workflows", `{"name":"w","tasks":{"a":{"sleep":"1h"}}}`)
-		var wg sync.WaitGroup
-		res := make([]int, 40)
-		for i := range res {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				body := fmt.Sprintf(`{"i":%d}`, i)
-				if i%10 == 0 {
-					body = "{\"a\":\"\xff\"}" // the bad one
-				}
-				res[i] = s.do("POST", "/api/v1/workflows/w/trigger", body).status
-			}()
-		}
-		wg.Wait()
-		for i, st := range res {
-			if i%10 == 0 && st != 400 {
-				t.Errorf("bad trigger %d: status %d, want 400", i, st)
+		res := concurrently(40, func(i int, bad bool) int {
+			body := fmt.Sprintf(`{"i":%d}`, i)
+			if bad {
+				body = "{\"a\":\"\xff\"}"
 			}
-			if i%10 != 0 && st != 201 {
-				t.Errorf("valid trigger %d: status %d, want 201 (failed by another request's bad body)", i, st)
-			}
-		}
+			return s.do("POST", "/api/v1/workflows/w/trigger", body).status
+		})
+		wantBadAlone(t, "trigger", res, 400, 201)
 	})
 }
 
@@ -178,29 +191,15 @@ func TestBadInputNonUTF8CompletionFailsAlone(t *testing.T) {
 			s.do("POST", "/api/v1/tasks", `{"type":"c.v1"}`)
 		}
 		items, _ := s.do("POST", "/api/v1/tasks/claim", fmt.Sprintf(`{"types":["c.v1"],"max":%d}`, n)).body["data"].([]any)
-		var wg sync.WaitGroup
-		res := make([]int, len(items))
-		for i, it := range items {
-			m := it.(map[string]any)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				body := fmt.Sprintf(`{"lease_token":%q,"result":{"ok":%d}}`, m["lease_token"], i)
-				if i%10 == 0 {
-					body = fmt.Sprintf("{\"lease_token\":%q,\"result\":\"\xff\"}", m["lease_token"])
-				}
-				res[i] = s.do("POST", "/api/v1/tasks/"+m["id"].(string)+"/complete", body).status
-			}()
-		}
-		wg.Wait()
-		for i, st := range res {
-			if i%10 == 0 && st != 400 {
-				t.Errorf("bad completion %d: status %d, want 400", i, st)
+		res := concurrently(len(items), func(i int, bad bool) int {
+			m := items[i].(map[string]any)
+			body := fmt.Sprintf(`{"lease_token":%q,"result":{"ok":%d}}`, m["lease_token"], i)
+			if bad {
+				body = fmt.Sprintf("{\"lease_token\":%q,\"result\":\"\xff\"}", m["lease_token"])
 			}
-			if i%10 != 0 && st != 200 {
-				t.Errorf("valid completion %d: status %d, want 200 (failed by another request's bad result)", i, st)
-			}
-		}
+			return s.do("POST", "/api/v1/tasks/"+m["id"].(string)+"/complete", body).status
+		})
+		wantBadAlone(t, "completion", res, 400, 200)
 	})
 }
 
@@ -223,26 +222,15 @@ func TestBadInputNULRefused(t *testing.T) {
 			s.do("POST", "/api/v1/tasks", `{"type":"f.v1"}`)
 		}
 		items, _ := s.do("POST", "/api/v1/tasks/claim", fmt.Sprintf(`{"types":["f.v1"],"max":%d}`, n)).body["data"].([]any)
-		var wg sync.WaitGroup
-		res := make([]int, len(items))
-		for i, it := range items {
-			m := it.(map[string]any)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				e := "boom"
-				if i%10 == 0 {
-					e = `bad\u0000byte`
-				}
-				res[i] = s.do("POST", "/api/v1/tasks/"+m["id"].(string)+"/fail", fmt.Sprintf(`{"lease_token":%q,"error":"%s","retryable":false}`, m["lease_token"], e)).status
-			}()
-		}
-		wg.Wait()
-		for i, st := range res {
-			if st != 200 {
-				t.Errorf("fail %d: status %d, want 200 (a NUL in an error is replaced, not refused)", i, st)
+		res := concurrently(len(items), func(i int, bad bool) int {
+			m := items[i].(map[string]any)
+			e := "boom"
+			if bad {
+				e = `bad\u0000byte`
 			}
-		}
+			return s.do("POST", "/api/v1/tasks/"+m["id"].(string)+"/fail", fmt.Sprintf(`{"lease_token":%q,"error":"%s","retryable":false}`, m["lease_token"], e)).status
+		})
+		wantBadAlone(t, "fail (a NUL in its error replaced, not refused)", res, 200, 200)
 		want4xx(t, "a completion of many with NUL in a lease token", s.do("POST", "/api/v1/tasks/complete", `{"completions":[{"id":"a","lease_token":"t"},{"id":"b","lease_token":"t\u0000"}]}`), 400, "invalid_request", "completions[1].lease_token")
 		want4xx(t, "next's types with NUL", s.do("POST", "/api/v1/tasks/complete", `{"completions":[{"id":"a","lease_token":"t"}],"next":{"types":["ok.v1","b\u0000"]}}`), 400, "invalid_request", "next.types[1]")
 	})

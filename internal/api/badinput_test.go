@@ -356,3 +356,11 @@ func TestBadInputBackoffOverflow(t *testing.T) {
 		t.Errorf("after attempt 3 the retry comes in %v, though retry_delay×9 is ~210 years and the cap is 24h", d)
 	}
 }
+
+// YAML's .inf and .nan are refused where they are (422), not as a
+// document that is not JSON.
+func TestBadInputYAMLNonFinite(t *testing.T) {
+	s := startF(t, false, nil)
+	want4xx(t, "sleep: .inf", s.do("POST", "/api/v1/workflows", "name: y\ntasks:\n  a:\n    sleep: .inf\n"), 422, "invalid_workflow", "tasks.a.sleep")
+	want4xx(t, "body: {x: .nan}", s.do("POST", "/api/v1/workflows", "name: y\ntasks:\n  a:\n    url: http://x.example/\n    body: {x: .nan}\n"), 422, "invalid_workflow", "tasks.a.body.x")
+}

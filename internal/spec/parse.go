@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/url"
 	"regexp"
 	"slices"
@@ -80,11 +81,55 @@ func ToJSON(doc []byte) ([]byte, error) {
 	if limit := 8*len(doc) + 1<<20; !yamlWithin(v, &limit) {
 		return nil, fmt.Errorf("invalid YAML: aliases expand the document beyond %d bytes", 8*len(doc)+1<<20)
 	}
+	if at, ok := nonFinite(v, ""); ok {
+		return nil, &ValueError{Path: at, Msg: "is .inf or .nan, a number JSON cannot hold"}
+	}
 	out, err := yaml.MarshalWithOptions(v, yaml.JSON())
 	if err != nil {
 		return nil, fmt.Errorf("invalid YAML: %w", err)
 	}
 	return out, nil
+}
+
+// ValueError is a YAML value with no JSON form, at Path in the document.
+type ValueError struct{ Path, Msg string }
+
+func (e *ValueError) Error() string { return "invalid YAML: " + e.Path + " " + e.Msg }
+
+// nonFinite is the path (under at) of the first infinite or NaN number
+// in a decoded YAML value, which its JSON form would not hold.
+func nonFinite(v any, at string) (string, bool) {
+	under := func(k string) string {
+		if at == "" {
+			return k
+		}
+		return at + "." + k
+	}
+	switch x := v.(type) {
+	case float64:
+		return at, math.IsNaN(x) || math.IsInf(x, 0)
+	case float32:
+		return nonFinite(float64(x), at)
+	case yaml.MapSlice:
+		for _, it := range x {
+			if p, ok := nonFinite(it.Value, under(fmt.Sprint(it.Key))); ok {
+				return p, true
+			}
+		}
+	case map[string]any:
+		for k, e := range x {
+			if p, ok := nonFinite(e, under(k)); ok {
+				return p, true
+			}
+		}
+	case []any:
+		for i, e := range x {
+			if p, ok := nonFinite(e, fmt.Sprintf("%s[%d]", at, i)); ok {
+				return p, true
+			}
+		}
+	}
+	return "", false
 }
 
 // MaxYAMLNesting bounds how deeply a YAML definition's collections nest
@@ -171,6 +216,10 @@ func Parse(doc []byte, lim Limits) (*Workflow, error) {
 		return nil, c.err()
 	}
 	js, err := ToJSON(doc)
+	if ve := (*ValueError)(nil); errors.As(err, &ve) {
+		c.add(ve.Path, CodeInvalidValue, "%s %s", ve.Path, ve.Msg)
+		return nil, c.err()
+	}
 	if err != nil {
 		c.add("", CodeInvalidJSON, "%v", err)
 		return nil, c.err()

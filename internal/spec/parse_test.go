@@ -882,7 +882,7 @@ func TestParseYAMLNonFiniteNumbers(t *testing.T) {
 	for doc, path := range map[string]string{
 		"name: y\ntasks:\n  a:\n    sleep: .inf\n":                                   "tasks.a.sleep",
 		"name: y\ntasks:\n  a:\n    url: http://x.test/\n    body: {x: [1, .nan]}\n": "tasks.a.body.x[1]",
-		"name: y\nmax_duration: -.inf\ntasks:\n  a:\n    sleep: 1\n":                  "max_duration",
+		"name: y\nmax_duration: -.inf\ntasks:\n  a:\n    sleep: 1\n":                 "max_duration",
 	} {
 		_, err := spec.Parse([]byte(doc), spec.DefaultLimits)
 		if fes := validationErrors(t, err); len(fes) != 1 || fes[0].Code != spec.CodeInvalidValue || fes[0].Path != path {

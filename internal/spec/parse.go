@@ -67,8 +67,14 @@ func ToJSON(doc []byte) ([]byte, error) {
 	// The YAML parser's work grows with the square of how deeply
 	// collections nest ("[[[[…", "- - - -…"): a definition of 250 KB took
 	// 24 GB.
-	if yamlNesting(doc) > MaxYAMLNesting {
+	tokens := lexer.Tokenize(string(doc))
+	if yamlNesting(tokens) > MaxYAMLNesting {
 		return nil, fmt.Errorf("invalid YAML: collections nested more than %d levels deep", MaxYAMLNesting)
+	}
+	// The decoder reads the first document of a stream and drops the
+	// rest: a definition is one document, not a first one that counts.
+	if n := yamlDocuments(tokens); n > 1 {
+		return nil, fmt.Errorf("invalid YAML: the file holds %d documents (separated by ---); a definition is one", n)
 	}
 	// This is yaml.YAMLToJSON with a bound in the middle: aliases let a
 	// document of a few hundred bytes expand to gigabytes of JSON ("billion
@@ -89,6 +95,39 @@ func ToJSON(doc []byte) ([]byte, error) {
 		return nil, fmt.Errorf("invalid YAML: %w", err)
 	}
 	return out, nil
+}
+
+// yamlDocuments counts the documents in a stream's tokens: each "---",
+// and content that no "---" opened (the first document's, or any after a
+// "...").
+func yamlDocuments(tokens token.Tokens) int {
+	docs, open := 0, false
+	directive := -1 // the line of a directive ("%YAML 1.2"): its words are not content
+	for _, tk := range tokens {
+		line := -2
+		if tk.Position != nil {
+			line = tk.Position.Line
+		}
+		switch {
+		case tk.Type == token.DirectiveType:
+			directive = line
+			continue
+		case line == directive:
+			continue
+		}
+		switch tk.Type {
+		case token.CommentType:
+		case token.DocumentHeaderType:
+			docs, open = docs+1, true
+		case token.DocumentEndType:
+			open = false
+		default:
+			if !open {
+				docs, open = docs+1, true
+			}
+		}
+	}
+	return docs
 }
 
 // ValueError is a YAML value with no JSON form, at Path in the document.
@@ -138,13 +177,14 @@ func nonFinite(v any, at string) (string, bool) {
 // costs the square of its depth in bytes, so the size limit bounds it.
 const MaxYAMLNesting = 100
 
-// yamlNesting is the deepest such nesting in doc, as the YAML parser's
-// own lexer reads it (so quotes, comments and block scalars count as the
-// parser counts them); it stops counting past MaxYAMLNesting.
-func yamlNesting(doc []byte) int {
+// yamlNesting is the deepest such nesting in a document's tokens, as the
+// YAML parser's own lexer reads them (so quotes, comments and block
+// scalars count as the parser counts them); it stops counting past
+// MaxYAMLNesting.
+func yamlNesting(tokens token.Tokens) int {
 	depth, deepest := 0, 0
 	line, run := -1, 0
-	for _, tk := range lexer.Tokenize(string(doc)) {
+	for _, tk := range tokens {
 		switch tk.Type {
 		case token.SequenceStartType, token.MappingStartType:
 			depth++

@@ -890,3 +890,28 @@ func TestParseYAMLNonFiniteNumbers(t *testing.T) {
 		}
 	}
 }
+
+// A definition is one YAML document: a file of several is refused rather
+// than read as its first (the decoder drops the rest), while one document
+// with its own "---" and "..." markers, comments or a directive is read.
+func TestParseYAMLOneDocument(t *testing.T) {
+	for _, doc := range []string{
+		"name: a\ntasks: {s: {sleep: 1}}\n---\nname: b\ntasks: {s: {sleep: 1}}\n",
+		"---\nname: a\ntasks: {s: {sleep: 1}}\n---\nname: b\n",
+		"name: a\ntasks: {s: {sleep: 1}}\n...\nname: b\n",
+	} {
+		_, err := spec.Parse([]byte(doc), spec.DefaultLimits)
+		if fes := validationErrors(t, err); len(fes) != 1 || fes[0].Code != spec.CodeInvalidJSON || !strings.Contains(fes[0].Message, "2 documents") {
+			t.Errorf("%q: err = %v, want one invalid_json error about 2 documents", doc, err)
+		}
+	}
+	for _, doc := range []string{
+		"---\nname: one\ntasks: {s: {sleep: 1}}\n",
+		"# a comment\n---\nname: one\ntasks: {s: {sleep: 1}}\n...\n# the end\n",
+		"%YAML 1.2\n---\nname: one\ntasks: {s: {sleep: 1}}\n",
+	} {
+		if _, err := spec.Parse([]byte(doc), spec.DefaultLimits); err != nil {
+			t.Errorf("%q: %v", doc, err)
+		}
+	}
+}

@@ -305,7 +305,7 @@ func checkTrigger(path string, input json.RawMessage, key string) error {
 	switch {
 	case len(input) > 0 && !jsonText(input):
 		return invalid(path+"input", "the input is not valid JSON")
-	case len(key) > 255 || !cleanText(key):
+	case len(key) > 255 || !spec.CleanText(key):
 		return invalid(path+"idempotency_key", "an idempotency key is UTF-8 text without NUL of at most 255 bytes")
 	}
 	return nil
@@ -314,10 +314,6 @@ func checkTrigger(path string, input json.RawMessage, key string) error {
 // jsonText tells whether b is JSON: valid, and UTF-8 (which json.Valid
 // does not check).
 func jsonText(b []byte) bool { return utf8.Valid(b) && json.Valid(b) }
-
-// cleanText tells whether s is UTF-8 without NUL: what every database
-// stores and compares as text.
-func cleanText(s string) bool { return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 }
 
 // TriggerInput is one run of TriggerBatch.
 type TriggerInput struct {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferryhq/ferry/client"
 	"github.com/ferryhq/ferry/internal/runtime"
+	"github.com/ferryhq/ferry/internal/spec"
 	"github.com/ferryhq/ferry/internal/store"
 )
 
@@ -28,7 +29,7 @@ func (e *Engine) CreateTask(ctx context.Context, nt client.NewTask) (*client.Tas
 	switch {
 	case nt.Priority != nil && (*nt.Priority < 0 || *nt.Priority > 1000):
 		return nil, false, invalid("priority", "priority must be from 0 to 1000 (lower runs first)")
-	case len(nt.IdempotencyKey) > 255 || !cleanText(nt.IdempotencyKey):
+	case len(nt.IdempotencyKey) > 255 || !spec.CleanText(nt.IdempotencyKey):
 		return nil, false, invalid("idempotency_key", "idempotency_key must be UTF-8 text without NUL of at most 255 characters")
 	case len(nt.Payload) > 0 && !jsonText(nt.Payload):
 		return nil, false, invalid("payload", "payload must be JSON")

@@ -155,16 +155,12 @@ func (s *Server) routes() {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// No id, token or name is anything but UTF-8 text without NUL; the
 	// databases would refuse to compare with one (Postgres: a 500).
-	if !cleanText(r.URL.Path) {
+	if !spec.CleanText(r.URL.Path) {
 		writeError(w, http.StatusNotFound, CodeNotFound, "no such resource")
 		return
 	}
 	s.mux.ServeHTTP(w, r)
 }
-
-// cleanText tells whether s is UTF-8 without NUL: what every database can
-// store and compare as text.
-func cleanText(s string) bool { return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 }
 
 // MaxIdempotencyKey bounds idempotency keys (they are indexed).
 const MaxIdempotencyKey = 255
@@ -175,7 +171,7 @@ func checkIdempotencyKey(k string) string {
 	switch {
 	case len(k) > MaxIdempotencyKey:
 		return fmt.Sprintf("an idempotency key must be at most %d bytes", MaxIdempotencyKey)
-	case !cleanText(k):
+	case !spec.CleanText(k):
 		return "an idempotency key must be UTF-8 text without NUL"
 	}
 	return ""
@@ -287,7 +283,7 @@ func readObject(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, bo
 
 func page(w http.ResponseWriter, r *http.Request) (store.Page, bool) {
 	p := store.Page{Cursor: r.URL.Query().Get("cursor")}
-	if len(p.Cursor) > 255 || !cleanText(p.Cursor) {
+	if len(p.Cursor) > 255 || !spec.CleanText(p.Cursor) {
 		writeError(w, http.StatusBadRequest, CodeInvalidParameter, "cursor must be a next_cursor this API returned",
 			spec.FieldError{Path: "cursor", Code: CodeInvalidParameter, Message: "not a cursor"})
 		return p, false

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -222,11 +221,11 @@ func CheckClaim(req *ClaimRequest) *FieldError {
 		switch {
 		case t == "" || strings.Contains(strings.TrimSuffix(t, "%"), "%"):
 			return &FieldError{fmt.Sprintf("types[%d]", i), fmt.Sprintf("%q: use an exact type or a prefix ending in %%", t)}
-		case len(t) > spec.MaxTaskTypeLen+1 || !utf8.ValidString(t) || strings.IndexByte(t, 0) >= 0:
+		case len(t) > spec.MaxTaskTypeLen+1 || !spec.CleanText(t):
 			return &FieldError{fmt.Sprintf("types[%d]", i), fmt.Sprintf("a type (at most %d bytes), or a prefix with its %%, is UTF-8 text without NUL", spec.MaxTaskTypeLen)}
 		}
 	}
-	if len(req.WorkerID) > MaxWorkerIDLen || !utf8.ValidString(req.WorkerID) || strings.IndexByte(req.WorkerID, 0) >= 0 {
+	if len(req.WorkerID) > MaxWorkerIDLen || !spec.CleanText(req.WorkerID) {
 		return &FieldError{"worker_id", fmt.Sprintf("worker_id must be UTF-8 text without NUL of at most %d bytes", MaxWorkerIDLen)}
 	}
 	if req.Lease == 0 {

@@ -561,6 +561,10 @@ func parseTask(c *collector, p string, st *Step, raw json.RawMessage) {
 	}
 }
 
+// CleanText tells whether s is UTF-8 without NUL: what every database
+// stores and compares as text (Postgres refuses the rest).
+func CleanText(s string) bool { return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 }
+
 // MaxTaskTypeLen bounds a task type's length: types are indexed, and an
 // index entry has a bounded size (Postgres: about 2,700 bytes).
 const MaxTaskTypeLen = 255

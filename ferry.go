@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -288,7 +289,7 @@ func (e *Engine) ApplyWorkflow(ctx context.Context, definition []byte) (id strin
 // Trigger starts a run of the workflow named by id or name with a JSON
 // input; a repeated idempotency key returns the first run's id.
 func (e *Engine) Trigger(ctx context.Context, workflow string, input json.RawMessage, idempotencyKey string) (runID string, err error) {
-	if err := checkTrigger("", input, idempotencyKey); err != nil {
+	if err := checkTrigger(-1, input, idempotencyKey); err != nil {
 		return "", err
 	}
 	run, _, err := e.rt.Trigger(ctx, runtime.TriggerRequest{Workflow: workflow, Input: input, IdempotencyKey: idempotencyKey})
@@ -301,12 +302,21 @@ func (e *Engine) Trigger(ctx context.Context, workflow string, input json.RawMes
 // checkTrigger refuses, as the HTTP API does, an input that is not JSON
 // (UTF-8, RFC 8259) and an idempotency key the databases cannot index or
 // store as text; path prefixes the field names.
-func checkTrigger(path string, input json.RawMessage, key string) error {
+// checkTrigger checks one trigger's input and key: the batch's item i, or
+// a single trigger when i < 0 (the path then has no prefix). The path is
+// built only for an error: a batch's thousand good inputs cost none.
+func checkTrigger(i int, input json.RawMessage, key string) error {
+	path := func(field string) string {
+		if i < 0 {
+			return field
+		}
+		return "inputs[" + strconv.Itoa(i) + "]." + field
+	}
 	switch {
 	case len(input) > 0 && !jsonText(input):
-		return invalid(path+"input", "the input is not valid JSON")
+		return invalid(path("input"), "the input is not valid JSON")
 	case len(key) > 255 || !spec.CleanText(key):
-		return invalid(path+"idempotency_key", "an idempotency key is UTF-8 text without NUL of at most 255 bytes")
+		return invalid(path("idempotency_key"), "an idempotency key is UTF-8 text without NUL of at most 255 bytes")
 	}
 	return nil
 }
@@ -338,7 +348,7 @@ const MaxTriggerBatch = runtime.MaxTriggerBatch
 func (e *Engine) TriggerBatch(ctx context.Context, workflow string, inputs []TriggerInput) ([]Triggered, error) {
 	reqs := make([]runtime.TriggerRequest, len(inputs))
 	for i, in := range inputs {
-		if err := checkTrigger(fmt.Sprintf("inputs[%d].", i), in.Input, in.IdempotencyKey); err != nil {
+		if err := checkTrigger(i, in.Input, in.IdempotencyKey); err != nil {
 			return nil, err
 		}
 		reqs[i] = runtime.TriggerRequest{Input: in.Input, IdempotencyKey: in.IdempotencyKey}

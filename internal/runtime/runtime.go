@@ -67,7 +67,7 @@ type Runtime struct {
 	st      store.Store
 	clk     clock.Clock
 	log     *slog.Logger
-	defs    sync.Map // "id@version" -> *spec.Workflow
+	defs    sync.Map // defKey -> *spec.Workflow
 	// wfs caches trigger references (id or name) -> *store.Workflow, only
 	// enabled ones; every run built from one is checked against the
 	// workflow's row in the transaction that writes it (NewRun.Workflow).
@@ -206,10 +206,16 @@ func (r *Runtime) Nudge() {
 	r.timers.nudge()
 }
 
+// defKey names a cached definition: a workflow's id and version.
+type defKey struct {
+	id      string
+	version int
+}
+
 // Definition returns the parsed definition of a workflow version, cached:
 // versions are immutable.
 func (r *Runtime) Definition(ctx context.Context, workflowID string, version int) (*spec.Workflow, error) {
-	key := fmt.Sprintf("%s@%d", workflowID, version)
+	key := defKey{workflowID, version}
 	if v, ok := r.defs.Load(key); ok {
 		return v.(*spec.Workflow), nil
 	}
@@ -219,7 +225,7 @@ func (r *Runtime) Definition(ctx context.Context, workflowID string, version int
 	}
 	def, err := spec.Parse(w.Definition, spec.Limits{Stored: true})
 	if err != nil {
-		return nil, fmt.Errorf("stored definition %s: %w", key, err)
+		return nil, fmt.Errorf("stored definition %s@%d: %w", workflowID, version, err)
 	}
 	r.defs.Store(key, def)
 	return def, nil
@@ -366,8 +372,10 @@ func (r *Runtime) newRun(wf *store.Workflow, def *spec.Workflow, req TriggerRequ
 		ExpiresAt:      now.Add(def.MaxDuration),
 	}
 	steps := make([]*store.StepRun, len(def.Steps))
+	rows := make([]store.StepRun, len(def.Steps)) // one allocation for all of them
 	for i, s := range def.Steps {
-		steps[i] = &store.StepRun{Name: s.Name, Position: i, Type: string(s.Type), Status: status.StepPending}
+		rows[i] = store.StepRun{Name: s.Name, Position: i, Type: string(s.Type), Status: status.StepPending}
+		steps[i] = &rows[i]
 		if s.Type == spec.StepWebhook {
 			// Created with the run so {{wait.<step>.url}} resolves
 			// before the step starts.

@@ -212,6 +212,16 @@ func (r *Runtime) track(runID string, id int64, cancel context.CancelFunc) func(
 // until its outcome is recorded, fenced by the lease token so a stale
 // executor can never record twice.
 func (r *Runtime) runHTTP(ctx context.Context, it *store.QueueItem) error {
+	// Tracked before the run is read, so that a cancel (or expiry) cannot
+	// fall between the two: one committed before the read is seen by it,
+	// and one committed after it aborts the attempt (abortRun runs once
+	// the end is committed). Tracked after the read, a cancel committed in
+	// between found nothing to abort, and the request went out after the
+	// cancel was acknowledged.
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	untrack := r.track(it.RunID, it.ID, cancel)
+	defer untrack()
 	run, steps, err := r.st.GetRun(ctx, it.RunID)
 	if err != nil {
 		return err
@@ -237,10 +247,6 @@ func (r *Runtime) runHTTP(ctx context.Context, it *store.QueueItem) error {
 	if err := r.holdLease(ctx, it); err != nil {
 		return err
 	}
-	actx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	untrack := r.track(it.RunID, it.ID, cancel)
-	defer untrack()
 	renewDone := make(chan struct{})
 	go r.renew(actx, cancel, it, renewDone)
 	// The lease is renewed until the outcome is recorded, not only while
@@ -251,12 +257,19 @@ func (r *Runtime) runHTTP(ctx context.Context, it *store.QueueItem) error {
 		cancel()
 		<-renewDone
 	}()
-	headers, traced := r.cfg.Tracer.HTTPAttempt(run, it.Step, it.Attempt, req.Method, req.URL, req.Headers)
-	res := r.cfg.HTTP.Do(actx, httpstep.Request{
-		URL: req.URL, Method: req.Method, Headers: headers, Body: req.Body,
-		Timeout: spec.Timeout, RunID: it.RunID, Step: it.Step, Attempt: it.Attempt,
-	})
-	traced(res.StatusCode, res.Err)
+	var res httpstep.Result
+	if err := actx.Err(); err != nil {
+		// Aborted before it started (the run ended after it was read):
+		// nothing is sent.
+		res.Err = err
+	} else {
+		headers, traced := r.cfg.Tracer.HTTPAttempt(run, it.Step, it.Attempt, req.Method, req.URL, req.Headers)
+		res = r.cfg.HTTP.Do(actx, httpstep.Request{
+			URL: req.URL, Method: req.Method, Headers: headers, Body: req.Body,
+			Timeout: spec.Timeout, RunID: it.RunID, Step: it.Step, Attempt: it.Attempt,
+		})
+		traced(res.StatusCode, res.Err)
+	}
 	if ctx.Err() != nil {
 		// Shutting down: leave the item leased; it is retried after the
 		// lease, with the same attempt number.

@@ -4,6 +4,7 @@ import (
 	"strconv"
 
 	"github.com/ferryhq/ferry/internal/jsonenc"
+	"github.com/ferryhq/ferry/internal/status"
 )
 
 // The data of a step's most frequent events, and a task step's request,
@@ -30,4 +31,31 @@ func attemptRef(attempt int, id string) []byte {
 	b = append(b, `,"task_id":`...)
 	b = jsonenc.AppendString(b, id)
 	return append(b, '}')
+}
+
+// runEndedData is {"status": status, "reason": reason}, the data of a
+// run's last event.
+func runEndedData(status, reason string) []byte {
+	b := make([]byte, 0, len(`{"reason":"","status":""}`)+len(reason)+len(status))
+	b = append(b, `{"reason":`...)
+	b = jsonenc.AppendString(b, reason)
+	b = append(b, `,"status":`...)
+	b = jsonenc.AppendString(b, status)
+	return append(b, '}')
+}
+
+// runEndedType is the type of a run's last event: "run_" and its status,
+// without building the string for each run.
+func runEndedType(s string) string {
+	switch s {
+	case status.RunCompleted:
+		return "run_" + status.RunCompleted
+	case status.RunFailed:
+		return "run_" + status.RunFailed
+	case status.RunCancelled:
+		return "run_" + status.RunCancelled
+	case status.RunTimeout:
+		return "run_" + status.RunTimeout
+	}
+	return "run_" + s
 }

@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"testing"
 
+	"github.com/ferryhq/ferry/internal/status"
+
 	"pgregory.net/rapid"
 )
 
-// TestEventDataMatchesTheMaps: taskRef and attemptRef write what
+// TestEventDataMatchesTheMaps: taskRef, attemptRef and runEndedData write what
 // json.Marshal writes for the maps they stand for, for ids and types of
 // any bytes (quotes, escapes, HTML characters, non-ASCII, invalid UTF-8)
 // and any attempt.
@@ -26,6 +28,14 @@ func TestEventDataMatchesTheMaps(t *testing.T) {
 		want, _ = json.Marshal(map[string]any{"task_id": id, "attempt": attempt})
 		if got := attemptRef(attempt, id); string(got) != string(want) {
 			t.Fatalf("attemptRef = %s, want %s", got, want)
+		}
+		st, reason := rapid.SampledFrom([]string{status.RunCompleted, status.RunFailed, status.RunCancelled, status.RunTimeout}).Draw(t, "status"), str.Draw(t, "reason")
+		want, _ = json.Marshal(map[string]any{"status": st, "reason": reason})
+		if got := runEndedData(st, reason); string(got) != string(want) {
+			t.Fatalf("runEndedData = %s, want %s", got, want)
+		}
+		if got := runEndedType(st); got != "run_"+st {
+			t.Fatalf("runEndedType(%q) = %q", st, got)
 		}
 	})
 }

@@ -793,7 +793,7 @@ func (r *Runtime) finishIfDone(def *spec.Workflow, run *store.Run, states map[st
 	now := ch.now
 	run.Status, run.Error, run.FinishedAt = out.Status, out.Reason, &now
 	ch.finished = true
-	ch.events = append(ch.events, store.NewEvent{Type: "run_" + out.Status, Data: map[string]any{"status": out.Status, "reason": out.Reason}})
+	ch.events = append(ch.events, store.NewEvent{Type: runEndedType(out.Status), Data: store.EventJSON(runEndedData(out.Status, out.Reason))})
 }
 
 // advance applies decisions inside a run transaction.

@@ -125,7 +125,8 @@ type NewEvent struct {
 }
 
 // EventJSON is event data already encoded, valid JSON as json.Marshal
-// writes it: the store keeps it as it is. The runtime encodes the data of
+// writes it: the store keeps it as it is, without a copy, so it must not be
+// changed once given. The runtime encodes the data of
 // its most frequent events itself (a map, its boxed values and their
 // encoding were a tenth of what a step allocated).
 type EventJSON []byte

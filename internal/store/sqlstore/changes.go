@@ -70,8 +70,11 @@ type eventRow struct {
 	seq   int64
 	typ   string
 	step  string
-	data  any // encoded JSON (a string) or nil
-	at    int64
+	// data is the encoded JSON, or nil. Bytes, not a string: most events
+	// go into their owner's row, which copies them anyway, and a string
+	// boxed as a column value was two allocations an event.
+	data []byte
+	at   int64
 	// cap is how many of its owner's events the owner's row holds:
 	// taskRowEvents for a task, runEvents for a run.
 	cap int64
@@ -146,9 +149,9 @@ func (e eventRow) rowJSONTail(b []byte) []byte {
 		b = append(b, `,"step":`...)
 		b = appendJSONString(b, e.step)
 	}
-	if d, ok := e.data.(string); ok {
+	if e.data != nil {
 		b = append(b, `,"data":`...)
-		b = append(b, d...)
+		b = append(b, e.data...)
 	}
 	b = append(b, `,"at":`...)
 	b = strconv.AppendInt(b, e.at, 10)
@@ -185,11 +188,14 @@ func (c *changeset) eventRows() [][]any {
 				n++
 			}
 			last := evs[n-1]
-			var more any
+			var data, more any
+			if last.data != nil {
+				data = string(last.data)
+			}
 			if n > 1 {
 				more = string(earlier)
 			}
-			rows = append(rows, []any{owner, last.seq, last.typ, last.step, last.data, last.at, more})
+			rows = append(rows, []any{owner, last.seq, last.typ, last.step, data, last.at, more})
 			evs = evs[n:]
 		}
 	}
@@ -435,13 +441,13 @@ func addOnce[T comparable](xs []T, set *map[T]struct{}, x T) []T {
 func (c *changeset) addEvents(owner string, rowCap int64, seq *int64, now time.Time, evs []store.NewEvent) error {
 	for _, e := range evs {
 		*seq++
-		var data any
+		var data []byte
 		if e.Data != nil {
 			b, err := encodeData(e.Data)
 			if err != nil {
 				return fmt.Errorf("encode event: %w", err)
 			}
-			data = string(b)
+			data = b
 		}
 		c.events = append(c.events, eventRow{owner: owner, seq: *seq, typ: e.Type, step: e.Step, data: data, at: ts(now), cap: rowCap})
 	}
@@ -1150,7 +1156,7 @@ func (s *Store) cancelTasks(ctx context.Context, tx querier, c *changeset) error
 // unfinished, adds their events to c and their ids to cancelled.
 func (s *Store) cancelTaskIDs(ctx context.Context, tx querier, c *changeset, ids, runs []any, cancelled map[string]bool) error {
 	now := ts(c.cancel[0].run.now)
-	data := mustJSON(map[string]any{"reason": "run cancelled"})
+	data := []byte(mustJSON(map[string]any{"reason": "run cancelled"}))
 	// The event as rowJSON writes it, its number filled in by the UPDATE;
 	// the row takes it while it holds fewer than taskRowEvents, else it is
 	// written to the events table below.

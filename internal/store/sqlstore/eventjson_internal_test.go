@@ -78,10 +78,16 @@ func TestTaskEventDataMatchesTheMaps(t *testing.T) {
 		if got, want := createdData(task), mustJSON(created); got != want {
 			t.Fatalf("createdData = %s, want %s", got, want)
 		}
-		how := rapid.SampledFrom([]string{"eager", "waiting_claim"}).Draw(t, "how")
-		want := mustJSON(map[string]any{"worker_id": task.LeasedBy, "attempt": task.Attempt, "lease_until": task.LeaseUntil.UTC(), how: true})
-		if got := claimedData(task, how); got != want {
-			t.Fatalf("claimedData = %s, want %s", got, want)
+		how := rapid.SampledFrom([]string{"", "eager", "waiting_claim"}).Draw(t, "how")
+		claimed := map[string]any{"worker_id": task.LeasedBy, "attempt": task.Attempt, "lease_until": task.LeaseUntil.UTC()}
+		if how != "" {
+			claimed[how] = true
+		}
+		if got, want := string(claimedData(task, how)), mustJSON(claimed); got != want {
+			t.Fatalf("claimedData(%q) = %s, want %s", how, got, want)
+		}
+		if got, want := string(attemptData(task.Attempt)), mustJSON(map[string]any{"attempt": task.Attempt}); got != want {
+			t.Fatalf("attemptData = %s, want %s", got, want)
 		}
 	})
 }

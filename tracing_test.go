@@ -233,3 +233,59 @@ func wantAttr(t *testing.T, s tracetest.SpanStub, key string, want attribute.Val
 	}
 	t.Errorf("span %q has no %s", s.Name, key)
 }
+
+// TestTracingKeepsQuerySecretsOut: an HTTP step whose URL carries a
+// secret in its query fails with a network error; neither the attempt's
+// span (its status, its exception event), the step's span nor the step's
+// stored error shows the secret, which operations.md promises is
+// REDACTED. (Found by an audit: the client's error text named the whole
+// URL.)
+func TestTracingKeepsQuerySecretsOut(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	srv := ferrytest.Start(t, func(c *ferry.Config) { c.TracerProvider = tp })
+	refused := httptest.NewServer(http.NotFoundHandler())
+	addr := refused.Listener.Addr().String()
+	refused.Close() // nobody listens there now: connection refused
+	ctx := context.Background()
+	c := client.New(srv.URL, srv.Key)
+	def := fmt.Sprintf(`{"name": "leak", "tasks": {"call": {"url": "http://%s/hook?api_key={{trigger.body.key}}", "retries": 0}}}`, addr)
+	if _, _, err := c.ApplyWorkflow(ctx, "leak", []byte(def)); err != nil {
+		t.Fatal(err)
+	}
+	id, err := srv.Engine.Trigger(ctx, "leak", []byte(`{"key": "s3cr3t-value"}`), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var run *client.Run
+	testwait.Until(t, 10*time.Second, "the run ends", func() bool {
+		r, err := c.GetRun(ctx, id)
+		run = r
+		return err == nil && r.Status != client.RunRunning
+	})
+	if len(run.Tasks) != 1 {
+		t.Fatalf("run %+v, want one step", run)
+	}
+	if s := run.Tasks[0]; s.Status != "failed" || strings.Contains(s.Error, "s3cr3t") || !strings.Contains(s.Error, "api_key=REDACTED") {
+		t.Errorf("step %s, error %q: want failed, the URL's query value REDACTED", s.Status, s.Error)
+	}
+	testwait.Until(t, 10*time.Second, "the run's spans", func() bool { return len(exp.GetSpans()) >= 3 })
+	for _, s := range exp.GetSpans() {
+		if strings.Contains(s.Status.Description, "s3cr3t") {
+			t.Errorf("span %q: status %q shows the secret", s.Name, s.Status.Description)
+		}
+		for _, a := range s.Attributes {
+			if strings.Contains(a.Value.Emit(), "s3cr3t") {
+				t.Errorf("span %q: attribute %s %q shows the secret", s.Name, a.Key, a.Value.Emit())
+			}
+		}
+		for _, ev := range s.Events {
+			for _, a := range ev.Attributes {
+				if strings.Contains(a.Value.Emit(), "s3cr3t") {
+					t.Errorf("span %q: event %s attribute %s shows the secret", s.Name, ev.Name, a.Key)
+				}
+			}
+		}
+	}
+}

@@ -300,6 +300,12 @@ func renderHTTP(st *spec.Step, sc *expr.Scope) (*HTTPRequest, error) {
 }
 
 func stepResult(s StepState) expr.StepResult {
+	if s.Status == status.StepSkipped {
+		// A skipped step reads as nothing but its status, whatever it
+		// holds: a wait step skipped after its callback came early keeps
+		// the callback's body, which must not route its dependents.
+		return expr.StepResult{Status: s.Status}
+	}
 	res := expr.StepResult{Status: s.Status, StatusCode: s.StatusCode, Headers: s.Headers, Truncated: s.Truncated}
 	if s.Truncated {
 		res.BodyRaw = string(s.Body)

@@ -299,8 +299,7 @@ func (r *Runtime) runHTTP(ctx context.Context, it *store.QueueItem) error {
 		if res.Retryable && it.Attempt <= spec.Retries {
 			delay := httpstep.Backoff(it.Attempt, res.RetryAfter, jitter)
 			s.Error = attemptError(res)
-			if res.StatusCode != 0 {
-				code := res.StatusCode
+			if code := answered(res); code != 0 {
 				s.StatusCode = &code
 			}
 			ch.queue = append(ch.queue, store.QueueItem{Kind: store.KindHTTP, Step: s.Name, Attempt: it.Attempt + 1, DueAt: now.Add(delay)})
@@ -310,10 +309,11 @@ func (r *Runtime) runHTTP(ctx context.Context, it *store.QueueItem) error {
 		s.FinishedAt = &now
 		s.Error = ""
 		s.StatusCode = nil
-		if res.StatusCode != 0 {
-			code := res.StatusCode
+		if code := answered(res); code != 0 {
 			s.StatusCode = &code
-			s.Body, s.Headers, s.Truncated = res.Body, res.Headers, res.Truncated
+			// A body that broke off is kept as what came of it, marked
+			// truncated: never parsed as JSON.
+			s.Body, s.Headers, s.Truncated = res.Body, res.Headers, res.Truncated || res.Err != nil
 		}
 		if res.Err == nil && res.StatusCode >= 200 && res.StatusCode < 300 {
 			s.Status = status.StepSuccess
@@ -336,6 +336,18 @@ func attemptOutcome(res httpstep.Result) string {
 		return "error"
 	}
 	return [...]string{"1xx", "2xx", "3xx", "4xx", "5xx"}[res.StatusCode/100-1]
+}
+
+// answered is the status code an attempt's outcome records, 0 for none.
+// A 2xx whose body broke off is no answer: its attempt ended in a network
+// error (workflow-format.md: a final network error has no status code),
+// and a condition on status_code == 200 must not take it for a success.
+// Any other status stands, its body as what came of it.
+func answered(res httpstep.Result) int {
+	if res.Err != nil && res.StatusCode >= 200 && res.StatusCode <= 299 {
+		return 0
+	}
+	return res.StatusCode
 }
 
 func attemptError(res httpstep.Result) string {

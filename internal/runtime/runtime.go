@@ -911,6 +911,17 @@ func (r *Runtime) DeliverWebhook(ctx context.Context, token string, payload []by
 		if status.RunTerminal(run.Status) {
 			return fmt.Errorf("run %s is %s: %w", runID, run.Status, ErrRunFinished)
 		}
+		// Past a deadline whose timer has not fired yet (a backlog, a
+		// restart after downtime): the callback came too late, as it
+		// would once the timer fired, whenever that is.
+		if s.Status == status.StepWaiting && s.WakeAt != nil && !now.Before(*s.WakeAt) {
+			return fmt.Errorf("step %s timed out at %s and no longer accepts callbacks: %w", name, s.WakeAt.UTC().Format(time.RFC3339), ErrStepFinished)
+		}
+		if !run.ExpiresAt.IsZero() && !now.Before(run.ExpiresAt) {
+			// As once the expiry is applied: the run's unfinished steps
+			// are cancelled, so the step no longer accepts a callback.
+			return fmt.Errorf("step %s: run %s exceeded max_duration at %s and no longer accepts callbacks: %w", name, runID, run.ExpiresAt.UTC().Format(time.RFC3339), ErrStepFinished)
+		}
 		ch := &changes{now: now, runID: runID, offer: of}
 		s.Body, s.Headers = payload, headers
 		ch.touch(s)

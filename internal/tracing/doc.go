@@ -10,7 +10,7 @@
 // nodes and restarts.
 //
 // It imports OpenTelemetry, store (for store.Finished and store.Run),
-// status and httpwrap; it must not import runtime, api, cli or any storage
-// backend: the runtime calls it through its own interface
-// (runtime.Tracer).
+// status, httpwrap and httpstep (for RedactURL); it must not import
+// runtime, api, cli or any storage backend: the runtime calls it through
+// its own interface (runtime.Tracer).
 package tracing

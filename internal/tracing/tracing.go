@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"net/http"
-	neturl "net/url"
 	"strconv"
 	"strings"
 
@@ -16,6 +15,7 @@ import (
 
 	"github.com/ferryhq/ferry/internal/httpwrap"
 	"github.com/ferryhq/ferry/internal/status"
+	"github.com/ferryhq/ferry/internal/step/httpstep"
 	"github.com/ferryhq/ferry/internal/store"
 )
 
@@ -246,7 +246,7 @@ func (t *Tracer) HTTPAttempt(run *store.Run, step string, attempt int, method, u
 	ctx := t.runContext(run.ID, run.TriggerHeaders)
 	ctx, span := t.t.Start(ctx, method, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
 		attribute.String("http.request.method", method),
-		attribute.String("url.full", redact(url)),
+		attribute.String("url.full", httpstep.RedactURL(url)),
 		attribute.String(AttrRunID, run.ID),
 		attribute.String(AttrWorkflowID, run.WorkflowID),
 		attribute.String(AttrStep, step),
@@ -269,27 +269,6 @@ func (t *Tracer) HTTPAttempt(run *store.Run, step string, attempt int, method, u
 		return headers, done // the step's own
 	}
 	return t.with(ctx, headers), done
-}
-
-// redact is a URL without what may be a secret: its user information, its
-// query's values (OpenTelemetry's HTTP conventions) and its fragment.
-func redact(raw string) string {
-	u, err := neturl.Parse(raw)
-	if err != nil {
-		return ""
-	}
-	if u.User != nil {
-		u.User = neturl.UserPassword("REDACTED", "REDACTED")
-	}
-	u.Fragment, u.RawFragment = "", ""
-	if u.RawQuery != "" {
-		q := u.Query()
-		for k := range q {
-			q[k] = []string{"REDACTED"}
-		}
-		u.RawQuery = q.Encode()
-	}
-	return u.String()
 }
 
 // Finished records the span of each step and run a committed write

@@ -78,10 +78,13 @@ type Result struct {
 	// timeout (*TimeoutError), denied egress (*netguard.DeniedError),
 	// invalid request (wraps ErrInvalidRequest), cancellation of the
 	// caller's context (wraps ctx.Err()), or failure while reading the
-	// body (StatusCode is then set too). A non-2xx response is not an Err.
+	// body (StatusCode, Headers and the part of Body that came are then
+	// set too). A non-2xx response is not an Err.
 	Err error
 	// Retryable: network errors, timeouts, 408, 429, 5xx. Not denied
 	// egress, invalid requests, caller cancellation, other 4xx, 1xx-3xx.
+	// A body that broke off is retryable as its status is, and a 2xx's
+	// as a network error.
 	Retryable bool
 	// RetryAfter is the parsed Retry-After header (seconds or HTTP date)
 	// on 429 and 503 responses, else 0.
@@ -177,7 +180,12 @@ func (e *Executor) do(ctx context.Context, r Request) Result {
 	}
 	res.Body = body
 	if err != nil {
-		res.Err, res.Retryable = failure(ctx, actx, fmt.Errorf("reading response body: %w", err))
+		// The status line came: a status that is final at once (a 3xx,
+		// a 4xx but 408 and 429) stays final; a 2xx is not a success,
+		// and is retried as a network error is.
+		var retry bool
+		res.Err, retry = failure(ctx, actx, fmt.Errorf("reading response body: %w", err))
+		res.Retryable = retry && (ok2xx(resp.StatusCode) || retryableStatus(resp.StatusCode))
 		return res
 	}
 	res.Retryable = retryableStatus(resp.StatusCode)
@@ -189,6 +197,13 @@ func (e *Executor) do(ctx context.Context, r Request) Result {
 
 // failure turns a client error into Result.Err and Result.Retryable.
 func failure(parent, attempt context.Context, err error) (error, bool) {
+	// The client's errors name the request's URL, whose query may hold a
+	// secret (an API key): the error becomes the step's error text, its
+	// events and its spans, which must not show it.
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = &url.Error{Op: ue.Op, URL: RedactURL(ue.URL), Err: ue.Err}
+	}
 	var denied *netguard.DeniedError
 	if errors.As(err, &denied) {
 		return denied, false
@@ -205,6 +220,30 @@ func failure(parent, attempt context.Context, err error) (error, bool) {
 	}
 	return err, true
 }
+
+// RedactURL is raw without what may be a secret: its user information,
+// its query's values (OpenTelemetry's HTTP conventions) and its fragment.
+// "" when raw is not a URL.
+func RedactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return ""
+	}
+	if u.User != nil {
+		u.User = url.UserPassword("REDACTED", "REDACTED")
+	}
+	u.Fragment, u.RawFragment = "", ""
+	if u.RawQuery != "" {
+		q := u.Query()
+		for k := range q {
+			q[k] = []string{"REDACTED"}
+		}
+		u.RawQuery = q.Encode()
+	}
+	return u.String()
+}
+
+func ok2xx(code int) bool { return code >= 200 && code <= 299 }
 
 func retryableStatus(code int) bool {
 	return code == http.StatusRequestTimeout || code == http.StatusTooManyRequests || (code >= 500 && code <= 599)

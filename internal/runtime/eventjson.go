@@ -33,6 +33,30 @@ func attemptRef(attempt int, id string) []byte {
 	return append(b, '}')
 }
 
+// taskEndedData is {"attempt": attempt, "error": msg}, without "error" when
+// msg is empty: the data of a task's last event.
+func taskEndedData(attempt int, msg string) []byte {
+	b := make([]byte, 0, len(`{"attempt":,"error":""}`)+20+len(msg))
+	b = append(b, `{"attempt":`...)
+	b = strconv.AppendInt(b, int64(attempt), 10)
+	if msg != "" {
+		b = append(b, `,"error":`...)
+		b = jsonenc.AppendString(b, msg)
+	}
+	return append(b, '}')
+}
+
+// runStartedData is {"workflow": name, "version": version}, the data of a
+// run's first event.
+func runStartedData(name string, version int) []byte {
+	b := make([]byte, 0, len(`{"version":,"workflow":""}`)+20+len(name))
+	b = append(b, `{"version":`...)
+	b = strconv.AppendInt(b, int64(version), 10)
+	b = append(b, `,"workflow":`...)
+	b = jsonenc.AppendString(b, name)
+	return append(b, '}')
+}
+
 // runEndedData is {"status": status, "reason": reason}, the data of a
 // run's last event.
 func runEndedData(status, reason string) []byte {

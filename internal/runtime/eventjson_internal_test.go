@@ -9,7 +9,8 @@ import (
 	"pgregory.net/rapid"
 )
 
-// TestEventDataMatchesTheMaps: taskRef, attemptRef and runEndedData write what
+// TestEventDataMatchesTheMaps: taskRef, attemptRef, taskEndedData,
+// runStartedData and runEndedData write what
 // json.Marshal writes for the maps they stand for, for ids and types of
 // any bytes (quotes, escapes, HTML characters, non-ASCII, invalid UTF-8)
 // and any attempt.
@@ -33,6 +34,18 @@ func TestEventDataMatchesTheMaps(t *testing.T) {
 		want, _ = json.Marshal(map[string]any{"status": st, "reason": reason})
 		if got := runEndedData(st, reason); string(got) != string(want) {
 			t.Fatalf("runEndedData = %s, want %s", got, want)
+		}
+		want, _ = json.Marshal(map[string]any{"workflow": typ, "version": attempt})
+		if got := runStartedData(typ, attempt); string(got) != string(want) {
+			t.Fatalf("runStartedData = %s, want %s", got, want)
+		}
+		withErr := map[string]any{"attempt": attempt}
+		if reason != "" {
+			withErr["error"] = reason
+		}
+		want, _ = json.Marshal(withErr)
+		if got := taskEndedData(attempt, reason); string(got) != string(want) {
+			t.Fatalf("taskEndedData = %s, want %s", got, want)
 		}
 		if got := runEndedType(st); got != "run_"+st {
 			t.Fatalf("runEndedType(%q) = %q", st, got)

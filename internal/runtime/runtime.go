@@ -383,7 +383,7 @@ func (r *Runtime) newRun(wf *store.Workflow, def *spec.Workflow, req TriggerRequ
 		}
 	}
 	ch := &changes{now: now, runID: run.ID}
-	ch.events = append(ch.events, store.NewEvent{Type: "run_started", Data: map[string]any{"workflow": wf.Name, "version": wf.Version}})
+	ch.events = append(ch.events, store.NewEvent{Type: "run_started", Data: store.EventJSON(runStartedData(wf.Name, wf.Version))})
 	r.decide(def, &run, steps, ch)
 	nr := &store.NewRun{Run: run, Steps: steps, Queue: ch.queue, Tasks: ch.tasks, Events: ch.events, Workflow: wf}
 	if ch.finished {

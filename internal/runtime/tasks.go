@@ -611,11 +611,7 @@ func (r *Runtime) finishTask(ctx context.Context, tx store.TaskTx, final string,
 	if err := tx.UpdateTask(t); err != nil {
 		return err
 	}
-	data := map[string]any{"attempt": t.Attempt}
-	if msg != "" {
-		data["error"] = msg
-	}
-	if err := tx.AppendTask(store.NewEvent{Type: final, Data: data}); err != nil {
+	if err := tx.AppendTask(store.NewEvent{Type: final, Data: store.EventJSON(taskEndedData(t.Attempt, msg))}); err != nil {
 		return err
 	}
 	run := tx.Run()

@@ -300,7 +300,7 @@ func readBackHeaders(h map[string]string) (map[string]string, error) {
 func createdRun(nr *store.NewRun, now time.Time) (*store.Run, error) {
 	r := nr.Run
 	r.WorkflowName = nr.Workflow.Name
-	r.Input = json.RawMessage(string(r.Input)) // written as text, read back as its bytes
+	r.Input = append(make(json.RawMessage, 0, len(r.Input)), r.Input...) // the caller's copy is the caller's: one copy, not a string's and then bytes
 	h, err := readBackHeaders(r.TriggerHeaders)
 	if err != nil {
 		return nil, err

@@ -360,6 +360,14 @@ func (s *Server) updateWorkflow(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
+	if !bytes.Equal(wf.Definition, def.Source) {
+		// An equivalent definition kept the version, and with it the text
+		// first submitted: the answer is what a read shows.
+		if def, err = s.loadDef(r.Context(), wf); err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+	}
 	writeData(w, http.StatusOK, workflowJSON(wf, def, true))
 }
 
@@ -582,9 +590,20 @@ func (s *Server) runFor(w http.ResponseWriter, r *http.Request) (*store.Run, []*
 		s.writeErr(w, r, err)
 		return nil, nil, false
 	}
-	if ref := r.PathValue("id"); ref != "" && ref != run.WorkflowID && ref != run.WorkflowName {
-		writeError(w, http.StatusNotFound, CodeNotFound, fmt.Sprintf("run %q does not belong to workflow %q", run.ID, ref))
-		return nil, nil, false
+	if ref := r.PathValue("id"); ref != "" && ref != run.WorkflowID {
+		// An id names one workflow forever (its runs stay readable after
+		// it is deleted); a name, the live workflow that has it now: a run
+		// of a deleted workflow whose name was taken again is not the new
+		// one's.
+		wf, err := s.st.GetWorkflow(r.Context(), ref)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			s.writeErr(w, r, err)
+			return nil, nil, false
+		}
+		if wf == nil || wf.ID != run.WorkflowID {
+			writeError(w, http.StatusNotFound, CodeNotFound, fmt.Sprintf("run %q does not belong to workflow %q", run.ID, ref))
+			return nil, nil, false
+		}
 	}
 	return run, steps, true
 }

@@ -3,7 +3,9 @@ package api
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ferryhq/ferry/internal/runtime"
 	"github.com/ferryhq/ferry/internal/spec"
@@ -132,7 +134,14 @@ func runJSON(run *store.Run, steps []*store.StepRun, rt *runtime.Runtime) any {
 		}
 		if s.Body != nil {
 			if json.Valid(s.Body) && !s.Truncated {
-				t.set("body", json.RawMessage(s.Body))
+				// Bytes that are not UTF-8 can only be inside its strings
+				// (json.Valid lets them through): replaced there, as a
+				// template reads them, the answer stays JSON (RFC 8259).
+				body := s.Body
+				if !utf8.Valid(body) {
+					body = []byte(strings.ToValidUTF8(string(body), "\uFFFD"))
+				}
+				t.set("body", json.RawMessage(body))
 			} else {
 				t.set("body", string(s.Body))
 			}

@@ -549,10 +549,23 @@ func (s *Store) UpdateWorkflow(ctx context.Context, ref string, w *store.Workflo
 	if err != nil {
 		return nil, err
 	}
+	// The workflow's row alone is locked, and its version read from it
+	// once the lock is held. Locked through a join with its version, a
+	// second update that waited for the first re-checked the join against
+	// the new version and the old version's row on Postgres, found no row
+	// and failed (a 500 for concurrent updates). A workflow deleted while
+	// this waited is not found.
 	var version int
-	var fp string
-	if err := tx.QueryRowContext(ctx, s.q(`SELECT w.version, v.fingerprint FROM workflows w JOIN workflow_versions v ON v.workflow_id = w.id AND v.version = w.version WHERE w.id = ?`+s.d.LockRun), id).Scan(&version, &fp); err != nil {
+	err = tx.QueryRowContext(ctx, s.q(`SELECT version FROM workflows WHERE id = ? AND deleted_at IS NULL`+s.d.LockRun), id).Scan(&version)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("workflow %q: %w", ref, store.ErrNotFound)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("load workflow: %w", err)
+	}
+	var fp string
+	if err := tx.QueryRowContext(ctx, s.q(`SELECT fingerprint FROM workflow_versions WHERE workflow_id = ? AND version = ?`), id, version).Scan(&fp); err != nil {
+		return nil, fmt.Errorf("load workflow version: %w", err)
 	}
 	if fp != w.Fingerprint {
 		version++
@@ -568,6 +581,13 @@ func (s *Store) UpdateWorkflow(ctx context.Context, ref string, w *store.Workflo
 		}
 		return nil, fmt.Errorf("update workflow: %w", err)
 	}
+	// The answer is the workflow as this update left it, read before the
+	// commit: read after it, a concurrent update's version could answer
+	// for this one.
+	out, err := scanWorkflow(tx.QueryRowContext(ctx, s.q(`SELECT `+wfCols+` FROM workflows w JOIN workflow_versions v ON v.workflow_id = w.id AND v.version = w.version WHERE w.id = ?`), id))
+	if err != nil {
+		return nil, fmt.Errorf("read updated workflow: %w", err)
+	}
 	if s.cache != nil {
 		// Runs carry their workflow's name; counted before the commit, so
 		// no group that starts after it misses it.
@@ -579,7 +599,7 @@ func (s *Store) UpdateWorkflow(ctx context.Context, ref string, w *store.Workflo
 	if err := s.durable(ctx); err != nil {
 		return nil, err
 	}
-	return s.GetWorkflow(ctx, id)
+	return out, nil
 }
 
 // GetWorkflow returns a live workflow by id or name.
@@ -646,8 +666,16 @@ func (s *Store) DeleteWorkflow(ctx context.Context, ref string) error {
 		return err
 	}
 	now := ts(time.Now())
-	if _, err = s.w.ExecContext(ctx, s.q(`UPDATE workflows SET deleted_at = ?, updated_at = ? WHERE id = ? AND deleted_at IS NULL`), now, now, id); err != nil {
+	res, err := s.w.ExecContext(ctx, s.q(`UPDATE workflows SET deleted_at = ?, updated_at = ? WHERE id = ? AND deleted_at IS NULL`), now, now, id)
+	if err != nil {
 		return err
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return err
+	} else if n == 0 {
+		// Deleted by another request since it was found: that one
+		// deleted it, this one found it gone.
+		return fmt.Errorf("workflow %q: %w", ref, store.ErrNotFound)
 	}
 	return s.durable(ctx)
 }

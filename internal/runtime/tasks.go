@@ -254,6 +254,13 @@ func CheckClaim(req *ClaimRequest) *FieldError {
 // (Postgres NOTIFY), and a task whose run_at or lease end comes due wakes
 // it on time.
 func (r *Runtime) ClaimTasks(ctx context.Context, req ClaimRequest) ([]*store.Task, error) {
+	return r.claimTasks(ctx, req, 3)
+}
+
+// claimTasks is ClaimTasks claiming again at once, up to again times, when
+// tasks it failed (their final attempt's lease ran out) took candidates'
+// places: bounded, should failing them keep failing.
+func (r *Runtime) claimTasks(ctx context.Context, req ClaimRequest, again int) ([]*store.Task, error) {
 	if req.Max <= 0 {
 		req.Max = 1
 	}
@@ -265,11 +272,29 @@ func (r *Runtime) ClaimTasks(ctx context.Context, req ClaimRequest) ([]*store.Ta
 	for {
 		sig := r.taskSignal()
 		now := r.clk.Now()
-		c, err := r.st.ClaimOrNext(ctx, store.ClaimTasks{Patterns: req.Types, WorkerID: req.WorkerID, Lease: req.Lease, Max: req.Max, Now: now})
+		c, err := r.st.ClaimOrNext(ctx, store.ClaimTasks{Patterns: req.Types, WorkerID: req.WorkerID, Lease: req.Lease, Max: req.Max, Now: now, Exhausted: r.exhausted(ctx)})
 		if err != nil {
 			return nil, err
 		}
+		for _, t := range c.Exhausted {
+			r.failExhausted(ctx, t, now)
+		}
 		got := r.dropExhausted(ctx, c)
+		if len(c.Exhausted) > 0 && len(got.Tasks) < req.Max && again > 0 {
+			// Tasks it failed took candidates' places: what else is ready
+			// is claimed at once, not after a wait.
+			r.handedOut(ctx, got.Tasks, got.Since)
+			rest := req
+			rest.Max, rest.Wait = req.Max-len(got.Tasks), r.waitLeft(deadline, len(got.Tasks) > 0)
+			more, err := r.claimTasks(ctx, rest, again-1)
+			if err != nil {
+				if len(got.Tasks) > 0 {
+					return got.Tasks, nil // the claim's own tasks are handed out
+				}
+				return nil, err
+			}
+			return append(got.Tasks, more...), nil
+		}
 		if len(got.Tasks) > 0 || !now.Before(deadline) {
 			r.handedOut(ctx, got.Tasks, got.Since)
 			return got.Tasks, nil
@@ -378,8 +403,48 @@ func (r *Runtime) release(ctx context.Context, ts []*store.Task, reason string) 
 	}
 }
 
+// exhausted says, for a claim, whether a task whose lease ran out was on
+// its final attempt (store.ClaimTasks.Exhausted).
+func (r *Runtime) exhausted(ctx context.Context) func(*store.Task) bool {
+	return func(t *store.Task) bool {
+		maxAttempts, _ := r.TaskDefaults(ctx, t)
+		return t.Attempt >= maxAttempts
+	}
+}
+
+// waitLeft is what is left of a claim's wait until deadline: none when
+// it already has tasks to answer with.
+func (r *Runtime) waitLeft(deadline time.Time, answered bool) time.Duration {
+	if answered {
+		return 0
+	}
+	return max(deadline.Sub(r.clk.Now()), 0)
+}
+
+// failExhausted fails a task whose final attempt's lease ran out, as it
+// was when listed (its attempt and token unchanged): a lease_expired event
+// and the failure, which for a workflow step advances its run. A task
+// reported, reclaimed or released meanwhile is left alone.
+func (r *Runtime) failExhausted(ctx context.Context, t *store.Task, now time.Time) {
+	err := r.st.InTask(ctx, t.ID, now, func(tx store.TaskTx) error {
+		k := tx.Task()
+		if k.Status != status.TaskLeased || k.LeaseToken != t.LeaseToken || k.LeaseUntil == nil || k.LeaseUntil.After(now) {
+			return nil
+		}
+		if err := tx.AppendTask(store.NewEvent{Type: "lease_expired", Data: map[string]any{"attempt": k.Attempt}}); err != nil {
+			return err
+		}
+		return r.finishTask(ctx, tx, status.TaskFailed, nil, "lease expired on the final attempt; the worker never reported", nil, nil)
+	})
+	if err != nil && ctx.Err() == nil {
+		r.log.Warn("failing exhausted task", "task_id", t.ID, "err", err)
+	}
+}
+
 // dropExhausted fails tasks reclaimed after their final attempt's lease ran
 // out (a worker crashed on every attempt) instead of handing them out again.
+// The claim leaves those it knows are (store.ClaimTasks.Exhausted); this
+// catches one whose type's max_attempts changed in between.
 func (r *Runtime) dropExhausted(ctx context.Context, c store.Claim) store.Claim {
 	out := store.Claim{Tasks: c.Tasks[:0]}
 	since := len(c.Since) == len(c.Tasks)
@@ -414,7 +479,7 @@ func (r *Runtime) dropExhausted(ctx context.Context, c store.Claim) store.Claim 
 // Tasks with attempts left are left alone: the next claim takes them over.
 func (r *Runtime) failExhaustedLeases(ctx context.Context) {
 	now := r.clk.Now()
-	ts, err := r.st.ExpiredTaskLeases(ctx, now, 500)
+	ts, err := r.st.ExpiredTaskLeases(ctx, now, DefaultTaskMaxAttempts, 500)
 	if err != nil {
 		if ctx.Err() == nil {
 			r.log.Warn("listing expired task leases failed", "err", err)
@@ -423,21 +488,9 @@ func (r *Runtime) failExhaustedLeases(ctx context.Context) {
 	}
 	for _, t := range ts {
 		if maxAttempts, _ := r.TaskDefaults(ctx, t); t.Attempt < maxAttempts {
-			continue
+			continue // the registry changed since the store read it
 		}
-		err := r.st.InTask(ctx, t.ID, now, func(tx store.TaskTx) error {
-			k := tx.Task()
-			if k.Status != status.TaskLeased || k.LeaseToken != t.LeaseToken || k.LeaseUntil == nil || k.LeaseUntil.After(now) {
-				return nil // reported or reclaimed meanwhile
-			}
-			if err := tx.AppendTask(store.NewEvent{Type: "lease_expired", Data: map[string]any{"attempt": k.Attempt}}); err != nil {
-				return err
-			}
-			return r.finishTask(ctx, tx, status.TaskFailed, nil, "lease expired on the final attempt; the worker never reported", nil, nil)
-		})
-		if err != nil && ctx.Err() == nil {
-			r.log.Warn("failing exhausted task", "task_id", t.ID, "err", err)
-		}
+		r.failExhausted(ctx, t, now)
 	}
 }
 

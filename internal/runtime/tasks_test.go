@@ -785,16 +785,19 @@ func TestExhaustedTaskFailed(t *testing.T) {
 			t.Fatalf("an exhausted task was handed out again: %+v", got[0])
 		}
 		got := e.get(t, k.ID)
-		if got.Status != status.TaskFailed || got.LastError == "" || got.FinishedAt == nil || got.LeaseUntil != nil {
-			t.Fatalf("exhausted task = %+v, want failed with an error", got)
+		if got.Status != status.TaskFailed || got.LastError == "" || got.FinishedAt == nil || got.LeaseUntil != nil || got.Attempt != 1 {
+			t.Fatalf("exhausted task = %+v, want failed with an error on its one attempt", got)
 		}
-		if s := types(e.events(t, k.ID)); s != "created,claimed,lease_expired,claimed,failed" {
+		// No claim of an attempt that was never made: the claim that met
+		// it failed it as it was.
+		if s := types(e.events(t, k.ID)); s != "created,claimed,lease_expired,failed" {
 			t.Errorf("events = %s", s)
 		}
-		// The worker that crashed cannot report now either.
+		// The worker that crashed cannot report now either: its attempt
+		// is the one that ended.
 		_, err := e.rt.CompleteTask(t.Context(), k.ID, c.LeaseToken, nil)
-		if !errors.Is(err, runtime.ErrStaleLease) && !errors.Is(err, runtime.ErrTaskFinished) {
-			t.Errorf("late CompleteTask: %v, want refused", err)
+		if !errors.Is(err, runtime.ErrTaskFinished) {
+			t.Errorf("late CompleteTask: %v, want ErrTaskFinished", err)
 		}
 		e.clk.Advance(time.Hour)
 		if got := e.claim(t, "billing.%"); len(got) != 0 {

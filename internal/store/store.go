@@ -216,6 +216,11 @@ type ClaimTasks struct {
 	Lease    time.Duration
 	Max      int
 	Now      time.Time
+	// Exhausted, if not nil, says whether a task whose lease ran out is
+	// on its final attempt: such a task is not leased again (nor counted
+	// toward Max) but returned in Claim.Exhausted, as it was, for the
+	// caller to fail.
+	Exhausted func(*Task) bool
 }
 
 // Claim is what ClaimOrNext found: the tasks it leased and, when it read
@@ -227,6 +232,9 @@ type Claim struct {
 	// end of the expired lease the claim took over (metrics: how long
 	// tasks wait for workers).
 	Since []time.Time
+	// Exhausted are the tasks the claim met whose lease ran out on their
+	// final attempt (ClaimTasks.Exhausted): not leased, left as they were.
+	Exhausted []*Task
 	// NextRead says Next and NextOK were read with the claim, which then
 	// found nothing claimable: they are what NextTaskDue returns at the
 	// claim's Now (NextOK false: no task becomes claimable later).
@@ -350,8 +358,9 @@ type Store interface {
 	// claimable (a run_at or a lease end in the future).
 	NextTaskDue(ctx context.Context, patterns []string, now time.Time) (time.Time, bool, error)
 	// ExpiredTaskLeases lists up to limit leased tasks whose lease ended
-	// at or before now.
-	ExpiredTaskLeases(ctx context.Context, now time.Time, limit int) ([]*Task, error)
+	// at or before now on their final attempt: the attempt has reached
+	// the task's max_attempts, else its type's, else defaultMax.
+	ExpiredTaskLeases(ctx context.Context, now time.Time, defaultMax, limit int) ([]*Task, error)
 	// InTask runs fn in a transaction holding the task's lock and, when the
 	// task belongs to a run, the run's lock first (runs are always locked
 	// before their tasks, so the two never deadlock).

@@ -547,8 +547,17 @@ func (s *Store) lease(ctx context.Context, cs *changeset, cands []lockedTask, re
 	until = fromTS(ts(until))
 	sort.Slice(cands, func(i, j int) bool { return claimOrder(cands[i].task, cands[j].task) })
 	var out store.Claim
-	for _, lt := range cands[:min(len(cands), req.Max)] {
+	for _, lt := range cands {
+		if len(out.Tasks) == req.Max {
+			break
+		}
 		t, seq := lt.task, lt.seq
+		if t.Status == status.TaskLeased && req.Exhausted != nil && req.Exhausted(t) {
+			// Its final attempt's lease ran out: not leased again, and
+			// not in the place of a task that can be.
+			out.Exhausted = append(out.Exhausted, t)
+			continue
+		}
 		t.Reclaimed = t.Status == status.TaskLeased
 		since := t.RunAt
 		switch {
@@ -1098,9 +1107,15 @@ func (s *Store) ListTaskTypes(ctx context.Context) ([]*store.TaskType, error) {
 	return out, rows.Err()
 }
 
-// ExpiredTaskLeases lists leased tasks whose lease has ended.
-func (s *Store) ExpiredTaskLeases(ctx context.Context, now time.Time, limit int) ([]*store.Task, error) {
-	rows, err := s.r.QueryContext(ctx, s.q(`SELECT `+taskCols+` FROM tasks WHERE status = 'leased' AND lease_until <= ? ORDER BY lease_until LIMIT ?`), ts(now), limit)
+// ExpiredTaskLeases lists leased tasks whose lease has ended on their
+// final attempt. Those with attempts left are not listed: the next claim
+// takes them over, and the first limit of them, read by the end of their
+// leases, used to keep every final one behind them (a type whose workers
+// all died) from being failed at all.
+func (s *Store) ExpiredTaskLeases(ctx context.Context, now time.Time, defaultMax, limit int) ([]*store.Task, error) {
+	rows, err := s.r.QueryContext(ctx, s.q(`SELECT `+taskCols+` FROM tasks WHERE status = 'leased' AND lease_until <= ?
+		AND attempt >= COALESCE(NULLIF(max_attempts, 0), (SELECT NULLIF(tt.max_attempts, 0) FROM task_types tt WHERE tt.type = tasks.type), ?)
+		ORDER BY lease_until LIMIT ?`), ts(now), defaultMax, limit)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,86 @@
+package runtime_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/runtime"
+	"github.com/ferryhq/ferry/internal/status"
+)
+
+// exhaust leaves a task of max_attempts 1 whose only lease ran out, and a
+// fresh ready task of its type behind it in claim order.
+func exhaust(t *testing.T, e *env) (exhausted, fresh string) {
+	t.Helper()
+	k := e.create(t, runtime.NewTask{Type: "billing.invoice.v1", MaxAttempts: 1})
+	if got := e.claim(t, "billing.%"); len(got) != 1 {
+		t.Fatalf("first claim: %d tasks", len(got))
+	}
+	e.clk.Advance(31 * time.Second)
+	return k.ID, e.create(t, runtime.NewTask{Type: "billing.invoice.v1"}).ID
+}
+
+// TestExhaustedTaskDoesNotTakeTheClaimsPlace: a claim of one task that
+// meets a task whose final attempt's lease ran out fails that task and
+// hands out the ready one behind it, at once and with no wait; the failed
+// task keeps its one attempt. (Found by an audit: the claim spent its
+// place on the exhausted task and answered nothing, or waited out its
+// whole wait, while a task was ready.)
+func TestExhaustedTaskDoesNotTakeTheClaimsPlace(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e *env) {
+		for _, wait := range []time.Duration{0, 20 * time.Second} {
+			old, fresh := exhaust(t, e)
+			done := make(chan []string, 1)
+			go func() {
+				got, err := e.rt.ClaimTasks(t.Context(), runtime.ClaimRequest{Types: []string{"billing.%"}, WorkerID: "w2", Lease: 30 * time.Second, Max: 1, Wait: wait})
+				if err != nil {
+					t.Error(err)
+				}
+				var ids []string
+				for _, k := range got {
+					ids = append(ids, k.ID)
+				}
+				done <- ids
+			}()
+			select {
+			case got := <-done:
+				if len(got) != 1 || got[0] != fresh {
+					t.Errorf("wait %v: claim of one got %v, want the ready task %s", wait, got, fresh)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("wait %v: the claim did not answer with the ready task (the clock stands still)", wait)
+			}
+			if k := e.get(t, old); k.Status != status.TaskFailed || k.Attempt != 1 {
+				t.Errorf("wait %v: the exhausted task is %s at attempt %d, want failed at 1", wait, k.Status, k.Attempt)
+			}
+			if got := e.claim(t, "billing.%"); len(got) != 0 {
+				t.Fatalf("left over: %d tasks", len(got))
+			}
+			e.clk.Advance(time.Hour) // the fresh task's lease ends: out of the next round's way
+			for _, k := range e.claim(t, "billing.%") {
+				if _, err := e.rt.CompleteTask(t.Context(), k.ID, k.LeaseToken, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	})
+}
+
+// TestExhaustedStepKeepsItsAttempt: a task step with no retries whose one
+// attempt's lease ran out fails with attempt 1, the attempt made.
+func TestExhaustedStepKeepsItsAttempt(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e *env) {
+		e.workflow(t, `{"name": "ex", "tasks": {"a": {"task": {"type": "content.upload.v1"}, "retries": 0}}}`)
+		r := e.trigger(t, "ex", `{}`)
+		e.claimOne(t, "content.%")
+		e.clk.Advance(31 * time.Second)
+		if got := e.claim(t, "content.%"); len(got) != 0 {
+			t.Fatalf("handed out again")
+		}
+		run, steps := e.run(t, r.ID)
+		// A lone failed step ends its run completed (nothing is blocked).
+		if run.Status != status.RunCompleted || steps["a"].Status != status.StepFailed || steps["a"].Attempt != 1 {
+			t.Errorf("run %s, step %s at attempt %d; want completed, failed at 1", run.Status, steps["a"].Status, steps["a"].Attempt)
+		}
+	})
+}

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -62,6 +63,12 @@ type Options struct {
 	// in turn and each runs its share of the workers.
 	Nodes  int
 	Logger *slog.Logger
+	// Allocs, if set, gets a line for each run of a workload: the
+	// objects and bytes the whole process allocated a unit (a job, a
+	// run), the benchmark's own included. Counted exactly (runtime
+	// MemStats), unlike a sampled allocation profile, so two builds'
+	// figures compare to the object.
+	Allocs io.Writer
 	// progress, when set, receives each scale level as it is measured.
 	progress func(Result)
 }
@@ -181,9 +188,19 @@ func runMedian(ctx context.Context, name string, o Options) (Result, error) {
 	n := max(o.Repeat, 1)
 	runs := make([]Result, 0, n)
 	for i := 0; i < n; i++ {
+		var before goruntime.MemStats
+		if o.Allocs != nil {
+			goruntime.ReadMemStats(&before)
+		}
 		r, err := runOne(ctx, name, o)
 		if err != nil {
 			return Result{}, err
+		}
+		if o.Allocs != nil && r.N > 0 {
+			var after goruntime.MemStats
+			goruntime.ReadMemStats(&after)
+			fmt.Fprintf(o.Allocs, "allocs %s %s: %.1f objects and %.0f bytes a unit\n", r.Workload, r.Backend,
+				float64(after.Mallocs-before.Mallocs)/float64(r.N), float64(after.TotalAlloc-before.TotalAlloc)/float64(r.N))
 		}
 		runs = append(runs, r)
 	}

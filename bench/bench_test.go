@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -99,9 +100,21 @@ func TestSleepRSSAndRepeat(t *testing.T) {
 	if r := res[0]; r.Completed != 20 || r.LatencyMS == nil || r.LatencyMS.P50 <= 0 {
 		t.Errorf("start: every run's first step must be timed: %+v", r)
 	}
-	res, err = Run(t.Context(), Options{Workload: "jobs", Database: "sqlite", N: 10, Workers: 4, Repeat: 3, Timeout: time.Minute}, nil)
+	var allocs bytes.Buffer
+	res, err = Run(t.Context(), Options{Workload: "jobs", Database: "sqlite", N: 10, Workers: 4, Repeat: 3, Timeout: time.Minute, Allocs: &allocs}, nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// One allocation line a run: a job allocates objects and bytes.
+	lines := strings.Split(strings.TrimSpace(allocs.String()), "\n")
+	for _, l := range lines {
+		var objects, size float64
+		if _, err := fmt.Sscanf(l, "allocs jobs sqlite: %f objects and %f bytes a unit", &objects, &size); err != nil || objects <= 0 || size <= objects {
+			t.Errorf("allocation line %q: %v", l, err)
+		}
+	}
+	if len(lines) != 3 {
+		t.Errorf("%d allocation lines for 3 runs: %q", len(lines), allocs.String())
 	}
 	all, _ := res[0].Settings["units_per_s_all"].([]float64)
 	if len(all) != 3 || res[0].Settings["repeats"] != 3 {

@@ -15,7 +15,7 @@ import (
 
 func benchCmd() *cobra.Command {
 	var o bench.Options
-	var asJSON bool
+	var asJSON, allocs bool
 	var cpuProfile, memProfile, logLevel string
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -53,6 +53,9 @@ engine's log goes to stderr from --log-level up.`,
 				}
 				o.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
 			}
+			if allocs {
+				o.Allocs = cmd.ErrOrStderr()
+			}
 			var w io.Writer
 			if asJSON {
 				w = out
@@ -81,6 +84,7 @@ engine's log goes to stderr from --log-level up.`,
 	f.BoolVar(&asJSON, "json", false, "print one JSON object per workload")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile (pprof) to this file")
 	f.StringVar(&memProfile, "memprofile", "", "write an allocation profile (pprof: -sample_index=alloc_space) to this file at the end")
+	f.BoolVar(&allocs, "allocs", false, "print on stderr, for each run of a workload, the objects and bytes the process allocated a unit (counted exactly)")
 	return cmd
 }
 

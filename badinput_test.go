@@ -41,7 +41,11 @@ func TestGoAPIRefusesWhatTheDatabasesCannotStore(t *testing.T) {
 				}
 			}
 			_, err := e.Trigger(ctx, "w", json.RawMessage("{\"a\":\"\xff\"}"), "")
-			refused("Trigger with input not UTF-8", "input", err)
+			// As the HTTP API answers a trigger body that is not UTF-8.
+			var ae *client.APIError
+			if !errors.As(err, &ae) || ae.Code != client.CodeInvalidJSON || len(ae.Details) != 1 || ae.Details[0].Path != "input" {
+				t.Errorf("Trigger with input not UTF-8: %v, want invalid_json at input", err)
+			}
 			_, err = e.Trigger(ctx, "w", nil, strings.Repeat("k", 256))
 			refused("Trigger with a 256-byte key", "idempotency_key", err)
 			_, err = e.TriggerBatch(ctx, "w", []ferry.TriggerInput{{}, {IdempotencyKey: "a\x00b"}})

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -82,6 +83,10 @@ type Engine struct {
 	handler http.Handler // api, instrumented
 	log     *slog.Logger
 	limits  spec.Limits
+	// closed makes Close once: an explicit Close beside a deferred one
+	// must not close the store twice (SQLite's writer panicked).
+	closed   sync.Once
+	closeErr error
 }
 
 // OpenStore opens the store named by a database URL.
@@ -228,10 +233,14 @@ func (e *Engine) Drain() { e.rt.Drain() }
 // wake-up.
 func (e *Engine) Nudge() { e.rt.Nudge() }
 
-// Close releases the database.
+// Close releases the database. Calls after the first do nothing and
+// return the first's error.
 func (e *Engine) Close() error {
-	e.rt.Close()
-	return e.store.Close()
+	e.closed.Do(func() {
+		e.rt.Close()
+		e.closeErr = e.store.Close()
+	})
+	return e.closeErr
 }
 
 // Store exposes the underlying store to tools and tests in this module.
@@ -292,6 +301,9 @@ func (e *Engine) Trigger(ctx context.Context, workflow string, input json.RawMes
 	if err := checkTrigger(-1, input, idempotencyKey); err != nil {
 		return "", err
 	}
+	if !spec.CleanText(workflow) {
+		return "", fmt.Errorf("workflow %q: %w", workflow, store.ErrNotFound) // no workflow has such a name or id
+	}
 	run, _, err := e.rt.Trigger(ctx, runtime.TriggerRequest{Workflow: workflow, Input: input, IdempotencyKey: idempotencyKey})
 	if err != nil {
 		return "", err
@@ -299,12 +311,12 @@ func (e *Engine) Trigger(ctx context.Context, workflow string, input json.RawMes
 	return run.ID, nil
 }
 
-// checkTrigger refuses, as the HTTP API does, an input that is not JSON
-// (UTF-8, RFC 8259) and an idempotency key the databases cannot index or
-// store as text; path prefixes the field names.
-// checkTrigger checks one trigger's input and key: the batch's item i, or
-// a single trigger when i < 0 (the path then has no prefix). The path is
-// built only for an error: a batch's thousand good inputs cost none.
+// checkTrigger refuses, as the HTTP API does, an input over 1 MiB
+// (too_large) or not JSON (UTF-8, RFC 8259; invalid_json), and an
+// idempotency key the databases cannot index or store as text. It checks
+// the batch's item i, or a single trigger when i < 0 (the path then has
+// no prefix); the path is built only for an error: a batch's thousand good
+// inputs cost none.
 func checkTrigger(i int, input json.RawMessage, key string) error {
 	path := func(field string) string {
 		if i < 0 {
@@ -313,10 +325,12 @@ func checkTrigger(i int, input json.RawMessage, key string) error {
 		return "inputs[" + strconv.Itoa(i) + "]." + field
 	}
 	switch {
+	case len(input) > api.MaxTriggerBody:
+		return tooLarge(fmt.Sprintf("%s is over %d bytes", path("input"), api.MaxTriggerBody))
 	case len(input) > 0 && !jsonText(input):
-		return invalid(path("input"), "the input is not valid JSON")
-	case len(key) > 255 || !spec.CleanText(key):
-		return invalid(path("idempotency_key"), "an idempotency key is UTF-8 text without NUL of at most 255 bytes")
+		return invalidJSON(path("input"), "the input is not valid JSON")
+	case !spec.ValidKey(key):
+		return invalid(path("idempotency_key"), "an idempotency key is UTF-8 text of at most 255 bytes without control characters or spaces at its ends")
 	}
 	return nil
 }
@@ -346,6 +360,9 @@ const MaxTriggerBatch = runtime.MaxTriggerBatch
 // idempotency key returns the first run, also within the batch. On an
 // error no run was started. An empty batch starts nothing.
 func (e *Engine) TriggerBatch(ctx context.Context, workflow string, inputs []TriggerInput) ([]Triggered, error) {
+	if !spec.CleanText(workflow) {
+		return nil, fmt.Errorf("workflow %q: %w", workflow, store.ErrNotFound)
+	}
 	reqs := make([]runtime.TriggerRequest, len(inputs))
 	for i, in := range inputs {
 		if err := checkTrigger(i, in.Input, in.IdempotencyKey); err != nil {

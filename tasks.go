@@ -27,14 +27,22 @@ import (
 // the first task and created=false.
 func (e *Engine) CreateTask(ctx context.Context, nt client.NewTask) (*client.Task, bool, error) {
 	switch {
+	case nt.Type == "":
+		return nil, false, invalid("type", "type is required")
+	case !spec.ValidTaskType(nt.Type):
+		return nil, false, invalid("type", fmt.Sprintf("type %q must be a versioned name like \"billing.invoice.v1\"", nt.Type))
+	case nt.MaxAttempts < 0 || nt.MaxAttempts > 100:
+		return nil, false, invalid("max_attempts", "max_attempts must be from 1 to 100")
+	case len(nt.Payload) > client.MaxTaskBody:
+		return nil, false, tooLarge(fmt.Sprintf("payload is over %d bytes", client.MaxTaskBody))
 	case nt.Priority != nil && (*nt.Priority < 0 || *nt.Priority > 1000):
 		return nil, false, invalid("priority", "priority must be from 0 to 1000 (lower runs first)")
-	case len(nt.IdempotencyKey) > 255 || !spec.CleanText(nt.IdempotencyKey):
-		return nil, false, invalid("idempotency_key", "idempotency_key must be UTF-8 text without NUL of at most 255 characters")
+	case !spec.ValidKey(nt.IdempotencyKey):
+		return nil, false, invalid("idempotency_key", "idempotency_key must be UTF-8 text of at most 255 bytes without control characters or spaces at its ends")
 	case len(nt.Payload) > 0 && !jsonText(nt.Payload):
 		return nil, false, invalid("payload", "payload must be JSON")
-	case nt.RetryDelay < 0:
-		return nil, false, invalid("retry_delay", "retry_delay must be a positive duration")
+	case nt.RetryDelay < 0 || (nt.RetryDelay > 0 && nt.RetryDelay < time.Millisecond):
+		return nil, false, invalid("retry_delay", "retry_delay must be a duration of at least 1ms")
 	}
 	t, created, err := e.rt.CreateTask(ctx, runtime.NewTask{
 		Type: nt.Type, Payload: nt.Payload, Priority: nt.Priority, RunAt: nt.RunAt,
@@ -46,8 +54,20 @@ func (e *Engine) CreateTask(ctx context.Context, nt client.NewTask) (*client.Tas
 	return e.clientTask(ctx, t), created, nil
 }
 
+// noTask is the answer for an id no task can have (not UTF-8 text, or
+// holding NUL): the HTTP API's 404, where a database would fail on it.
+func noTask(id string) error {
+	if spec.CleanText(id) {
+		return nil
+	}
+	return &client.APIError{StatusCode: http.StatusNotFound, Code: client.CodeNotFound, Message: fmt.Sprintf("task %q", id)}
+}
+
 // GetTask returns a task.
 func (e *Engine) GetTask(ctx context.Context, id string) (*client.Task, error) {
+	if err := noTask(id); err != nil {
+		return nil, err
+	}
 	t, err := e.store.GetTask(ctx, id)
 	if err != nil {
 		return nil, taskErr(err)
@@ -58,6 +78,9 @@ func (e *Engine) GetTask(ctx context.Context, id string) (*client.Task, error) {
 // CancelTask cancels a task that has not finished; a leased task's worker
 // learns of it at its next heartbeat.
 func (e *Engine) CancelTask(ctx context.Context, id string) (*client.Task, error) {
+	if err := noTask(id); err != nil {
+		return nil, err
+	}
 	t, err := e.rt.CancelTask(ctx, id)
 	if err != nil {
 		return nil, taskErr(err)
@@ -108,6 +131,9 @@ func (e *Engine) claimed(ctx context.Context, ts []*store.Task) []client.Claimed
 // Heartbeat extends a lease by lease (0 means 30s) and reports whether the
 // task was cancelled.
 func (e *Engine) Heartbeat(ctx context.Context, id, token string, lease time.Duration) (client.HeartbeatResult, error) {
+	if err := noTask(id); err != nil {
+		return client.HeartbeatResult{}, err
+	}
 	if token == "" {
 		return client.HeartbeatResult{}, invalid("lease_token", "lease_token is required")
 	}
@@ -127,6 +153,9 @@ func (e *Engine) Heartbeat(ctx context.Context, id, token string, lease time.Dur
 // CompleteTask records success with result (any JSON-encodable value; a
 // json.RawMessage is kept as is).
 func (e *Engine) CompleteTask(ctx context.Context, id, token string, result any) error {
+	if err := noTask(id); err != nil {
+		return err
+	}
 	raw, err := resultJSON(token, result)
 	if err != nil {
 		return err
@@ -140,14 +169,17 @@ func (e *Engine) CompleteTask(ctx context.Context, id, token string, result any)
 // next.Types (eager dispatch: the run's next step goes to this worker with
 // no claim in between). next.Wait is ignored.
 func (e *Engine) CompleteTaskAndClaim(ctx context.Context, id, token string, result any, next client.ClaimRequest) ([]client.ClaimedTask, error) {
+	if err := noTask(id); err != nil {
+		return nil, err
+	}
 	raw, err := resultJSON(token, result)
 	if err != nil {
 		return nil, err
 	}
 	next.Wait = 0
-	rq, err := claimRequest(next)
-	if err != nil {
-		return nil, err
+	rq := runtime.ClaimRequest{Types: next.Types, WorkerID: next.WorkerID, Lease: next.Lease, Max: next.Max}
+	if fe := runtime.CheckClaim(&rq); fe != nil {
+		return nil, invalid("next."+fe.Path, fe.Msg) // as the HTTP API names it
 	}
 	_, ts, err := e.rt.CompleteTaskAndClaim(ctx, id, token, raw, rq)
 	if err != nil {
@@ -160,6 +192,7 @@ func resultJSON(token string, result any) (json.RawMessage, error) {
 	if token == "" {
 		return nil, invalid("lease_token", "lease_token is required")
 	}
+	var raw json.RawMessage
 	switch r := result.(type) {
 	case nil:
 		return nil, nil
@@ -167,19 +200,28 @@ func resultJSON(token string, result any) (json.RawMessage, error) {
 		if !jsonText(r) {
 			return nil, invalid("result", "result must be JSON")
 		}
-		return r, nil
+		raw = r
 	default:
 		b, err := json.Marshal(r)
 		if err != nil {
 			return nil, fmt.Errorf("ferry: encode task result: %w", err)
 		}
-		return b, nil
+		raw = b
 	}
+	// As over HTTP, where the result shares the request's bound with
+	// its lease token.
+	if len(token)+len(raw)+len(`{"lease_token":"","result":}`) > client.MaxTaskBody {
+		return nil, tooLarge(fmt.Sprintf("the completion is over %d bytes", client.MaxTaskBody))
+	}
+	return raw, nil
 }
 
 // FailTask records a failed attempt, retried with backoff when retryable and
 // attempts remain.
 func (e *Engine) FailTask(ctx context.Context, id, token, msg string, retryable bool) error {
+	if err := noTask(id); err != nil {
+		return err
+	}
 	if token == "" {
 		return invalid("lease_token", "lease_token is required")
 	}
@@ -216,6 +258,17 @@ func utcPtr(t *time.Time) *time.Time {
 	}
 	u := t.UTC()
 	return &u
+}
+
+// tooLarge is the HTTP API's 413 for a request over its bound.
+func tooLarge(msg string) error {
+	return &client.APIError{StatusCode: http.StatusRequestEntityTooLarge, Code: client.CodeTooLarge, Message: msg}
+}
+
+// invalidJSON is the HTTP API's 400 invalid_json, naming the field.
+func invalidJSON(path, msg string) error {
+	return &client.APIError{StatusCode: http.StatusBadRequest, Code: client.CodeInvalidJSON, Message: msg,
+		Details: []client.FieldDetail{{Path: path, Code: client.CodeInvalidJSON, Message: msg}}}
 }
 
 func invalid(path, msg string) error {

@@ -306,12 +306,17 @@ func (c *Client) ClaimTasks(ctx context.Context, req ClaimRequest) ([]ClaimedTas
 	return out, nil
 }
 
+// MaxTaskBody is the most a task request's body may take (create,
+// complete, fail, heartbeat): 1 MiB, the server's bound (413 too_large
+// past it). A completion's result shares it with its lease token.
+const MaxTaskBody = 1 << 20
+
 // Heartbeat extends a lease by lease (0 means 30s) and reports whether the
 // task was cancelled. A lease that was lost (it expired and the task was
 // claimed again) is an error matching ErrLeaseLost.
 func (c *Client) Heartbeat(ctx context.Context, id, token string, lease time.Duration) (HeartbeatResult, error) {
 	body := map[string]any{"lease_token": token}
-	if lease > 0 {
+	if lease != 0 { // a negative lease goes to the server, which refuses it
 		body["lease_seconds"] = lease.Seconds()
 	}
 	return postData[HeartbeatResult](ctx, c, taskPath(id, "/heartbeat"), body)
@@ -505,19 +510,20 @@ func (c *Client) post(ctx context.Context, path string, body any, out any) error
 }
 
 // body is the request's JSON form; zero fields are left to the server's
-// defaults.
+// defaults, and negative ones sent for it to refuse (as the embedded
+// engine does), not taken for zero.
 func (req ClaimRequest) body() map[string]any {
 	body := map[string]any{"types": req.Types}
 	if req.WorkerID != "" {
 		body["worker_id"] = req.WorkerID
 	}
-	if req.Lease > 0 {
+	if req.Lease != 0 {
 		body["lease_seconds"] = req.Lease.Seconds()
 	}
-	if req.Max > 0 {
+	if req.Max != 0 {
 		body["max"] = req.Max
 	}
-	if req.Wait > 0 {
+	if req.Wait != 0 {
 		body["wait_seconds"] = req.Wait.Seconds()
 	}
 	return body

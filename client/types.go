@@ -162,17 +162,19 @@ func (r *Run) Task(name string) *TaskResult {
 
 // TaskResult is the state of one step of a run.
 type TaskResult struct {
-	Name        string     `json:"-"` // the key in the run's tasks object
-	Type        string     `json:"type"`
-	Status      string     `json:"status"`
-	StatusCode  *int       `json:"status_code"`
-	DurationMS  *int64     `json:"duration_ms"`
-	Attempt     int        `json:"attempt"`
-	StartedAt   *time.Time `json:"started_at"`
-	FinishedAt  *time.Time `json:"finished_at"`
-	Error       string     `json:"error,omitempty"`
-	WakeAt      *time.Time `json:"wake_at,omitempty"`
-	CallbackURL string     `json:"callback_url,omitempty"`
+	Name       string     `json:"-"` // the key in the run's tasks object
+	Type       string     `json:"type"`
+	Status     string     `json:"status"`
+	StatusCode *int       `json:"status_code"`
+	DurationMS *int64     `json:"duration_ms"`
+	Attempt    int        `json:"attempt"`
+	StartedAt  *time.Time `json:"started_at"`
+	FinishedAt *time.Time `json:"finished_at"`
+	Error      string     `json:"error,omitempty"`
+	WakeAt     *time.Time `json:"wake_at,omitempty"`
+	// TaskID is the task a task step created, once it started.
+	TaskID      string `json:"task_id,omitempty"`
+	CallbackURL string `json:"callback_url,omitempty"`
 	// Body is the HTTP response body: the JSON value itself when the
 	// response was complete JSON, otherwise a JSON string holding the text.
 	Body        json.RawMessage   `json:"body,omitempty"`

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"runtime/debug"
 	"slices"
@@ -558,20 +559,21 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 		c := client.Completion{ID: ct.ID, LeaseToken: ct.LeaseToken, Result: json.RawMessage(raw)}
 		es, eager := w.src.(EagerSource)
 		if !eager || w.cfg.NoEager || ctx.Err() != nil {
-			w.report(log, "complete", func(ctx context.Context) error {
+			err := w.report(log, "complete", func(ctx context.Context) error {
 				if rep.plain != nil {
 					_, err := rep.plain.complete(ctx, c)
 					return err
 				}
 				return w.src.CompleteTask(ctx, ct.ID, ct.LeaseToken, c.Result)
 			})
+			w.failRefused(log, ct, err)
 			return nil
 		}
 		// A retried report after one that committed is refused as
 		// finished: a task it was handed is then lost to this worker
 		// and handed out again when its lease ends.
 		var next []client.ClaimedTask
-		w.report(log, "complete", func(rctx context.Context) error {
+		err := w.report(log, "complete", func(rctx context.Context) error {
 			var err error
 			if rep.eager != nil {
 				next, err = rep.eager.complete(rctx, c)
@@ -580,6 +582,7 @@ func (w *Worker) execute(ctx, hctx context.Context, ct client.ClaimedTask, claim
 			next, err = es.CompleteTaskAndClaim(rctx, ct.ID, ct.LeaseToken, c.Result, *w.eagerNext())
 			return err
 		})
+		w.failRefused(log, ct, err)
 		return next
 	}
 	retryable := !IsNonRetryable(err)
@@ -718,7 +721,30 @@ func (w *Worker) call(ctx context.Context, log taskLog, h HandlerFunc, t *Task) 
 	if raw, err = jsonenc.Marshal(res); err != nil { // json.Marshal's bytes; validates a json.RawMessage too
 		return nil, NonRetryable(fmt.Errorf("encode the handler's result: %w", err))
 	}
+	// What the server would refuse, refused here as the attempt's final
+	// failure: sent, it was dropped as a refused report, the task went
+	// back after its lease, and the handler ran again for nothing.
+	switch {
+	case !utf8.Valid(raw):
+		return nil, NonRetryable(errors.New("the handler's result holds bytes that are not UTF-8: a task's result is JSON text"))
+	case len(raw) > maxResult:
+		return nil, NonRetryable(fmt.Errorf("the handler's result is %d bytes, more than a task's result may take (%d)", len(raw), maxResult))
+	}
 	return raw, nil
+}
+
+// maxResult is the most a handler's result may take: a completion's
+// request body is at most client.MaxTaskBody, its result and the rest
+// (the lease token, and with eager dispatch what it claims next, up to
+// 100 types of 255 bytes) together.
+const maxResult = client.MaxTaskBody - 32<<10
+
+// refused says a report was refused for what it carries (its result: not
+// JSON text, too large), not for the task's state: retrying it would be
+// refused again, so the attempt is failed instead.
+func refused(err error) bool {
+	var ae *client.APIError
+	return errors.As(err, &ae) && (ae.StatusCode == http.StatusBadRequest || ae.StatusCode == http.StatusRequestEntityTooLarge)
 }
 
 // taskLog is a task's logger, made when something is logged: With
@@ -843,7 +869,7 @@ func (w *Worker) beatLoop(ctx context.Context, log taskLog, ct client.ClaimedTas
 // report sends a completion or failure, retrying transient failures
 // (network errors, 5xx) with backoff on a fresh context: the outcome of a
 // handler that finished during shutdown is still reported.
-func (w *Worker) report(log taskLog, what string, send func(ctx context.Context) error) {
+func (w *Worker) report(log taskLog, what string, send func(ctx context.Context) error) error {
 	delay := claimBackoffMin
 	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), reportTimeout)
@@ -851,19 +877,36 @@ func (w *Worker) report(log taskLog, what string, send func(ctx context.Context)
 		cancel()
 		switch {
 		case err == nil:
-			return
+			return nil
 		case errors.Is(err, client.ErrLeaseLost), errors.Is(err, client.ErrTaskFinished):
 			log.get().Info("report refused; the task moved on without this worker", "report", what, "err", err)
-			return
+			return nil
+		case what == "complete" && refused(err):
+			return err // failRefused takes it from here
 		case !transient(err) || attempt == reportAttempts:
 			log.get().Error("report failed; the task will be handed out again when its lease expires", "report", what, "err", err, "attempts", attempt)
-			return
+			return err
 		}
 		d := jitter(delay)
 		log.get().Warn("report failed; retrying", "report", what, "err", err, "retry_in", d)
 		time.Sleep(d)
 		delay = min(2*delay, claimBackoffMax)
 	}
+}
+
+// failRefused fails, as final, a task whose completion the server refused
+// for its result (err, from report): a result the server cannot take
+// would be refused again on every attempt, the handler run again after
+// each lease for nothing.
+func (w *Worker) failRefused(log taskLog, ct client.ClaimedTask, err error) {
+	if err == nil || !refused(err) {
+		return
+	}
+	msg := errorText(fmt.Errorf("the server refused the handler's result: %w", err))
+	log.get().Error("completion refused for its result; failing the task", "err", err)
+	w.report(log, "fail", func(ctx context.Context) error {
+		return w.src.FailTask(ctx, ct.ID, ct.LeaseToken, msg, false)
+	})
 }
 
 // transient: worth retrying (no answer, or a server-side failure).

@@ -171,8 +171,8 @@ func checkIdempotencyKey(k string) string {
 	switch {
 	case len(k) > MaxIdempotencyKey:
 		return fmt.Sprintf("an idempotency key must be at most %d bytes", MaxIdempotencyKey)
-	case !spec.CleanText(k):
-		return "an idempotency key must be UTF-8 text without NUL"
+	case !spec.ValidKey(k):
+		return "an idempotency key must be UTF-8 text without control characters or spaces at its ends"
 	}
 	return ""
 }

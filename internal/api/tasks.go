@@ -255,8 +255,8 @@ func (s *Server) createTask(w http.ResponseWriter, r *http.Request) {
 	case req.MaxAttempts < 0 || req.MaxAttempts > 100:
 		badField(w, "max_attempts", "max_attempts must be from 1 to 100")
 		return
-	case len(req.IdempotencyKey) > 255:
-		badField(w, "idempotency_key", "idempotency_key must be at most 255 bytes")
+	case checkIdempotencyKey(req.IdempotencyKey) != "":
+		badField(w, "idempotency_key", checkIdempotencyKey(req.IdempotencyKey))
 		return
 	}
 	if len(req.Payload) > 0 && !json.Valid(req.Payload) {

@@ -565,6 +565,26 @@ func parseTask(c *collector, p string, st *Step, raw json.RawMessage) {
 // stores and compares as text (Postgres refuses the rest).
 func CleanText(s string) bool { return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 }
 
+// MaxKeyLen bounds an idempotency key: keys are indexed.
+const MaxKeyLen = 255
+
+// ValidKey tells whether k can be an idempotency key: at most MaxKeyLen
+// bytes of UTF-8 text, no control characters, no space at either end. A
+// key sent as an HTTP header loses the spaces at its ends and cannot hold
+// a line break, while one in a JSON body keeps both, so such a key would
+// name one run through the header and another through a batch.
+func ValidKey(k string) bool {
+	if len(k) > MaxKeyLen || !utf8.ValidString(k) || strings.TrimSpace(k) != k {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if c := k[i]; c < 0x20 || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
 // MaxTaskTypeLen bounds a task type's length: types are indexed, and an
 // index entry has a bounded size (Postgres: about 2,700 bytes).
 const MaxTaskTypeLen = 255

@@ -134,6 +134,11 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 			st.Close()
 			return nil, fmt.Errorf("migrate: %w", err)
 		}
+	} else if c, ok := st.(schemaChecker); ok {
+		if err := c.CheckSchema(ctx); err != nil {
+			st.Close()
+			return nil, err
+		}
 	}
 	if w, ok := st.(warmer); ok {
 		wctx, cancel := context.WithTimeout(ctx, warmFor)
@@ -266,6 +271,10 @@ func (e *Engine) EnsureAPIKey(ctx context.Context, key string) (string, error) {
 	}
 	return key, nil
 }
+
+// schemaChecker is a store that can tell whether this binary can work on
+// its database (sqlstore.Store.CheckSchema).
+type schemaChecker interface{ CheckSchema(context.Context) error }
 
 // Migrate applies pending migrations to the database.
 func Migrate(ctx context.Context, database string) error {

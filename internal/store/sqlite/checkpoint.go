@@ -20,6 +20,15 @@ type checkpoints struct {
 	r      *sql.DB
 	stopCh chan struct{}
 	wg     sync.WaitGroup
+	// f is the -shm file, opened once and kept until the store's pools
+	// are closed (close): closing any descriptor of a file drops every
+	// POSIX lock the process holds on it, and SQLite's connections hold
+	// theirs on the -shm for as long as they are open. A look that
+	// opened and closed the file each time left the store without its
+	// locks, and a second process on the database (a backup, a sqlite3
+	// shell, another server) then broke it: commits failed, the file
+	// could be corrupted and acknowledged writes lost.
+	f *os.File
 }
 
 const (
@@ -67,13 +76,15 @@ func (c *checkpoints) loop() {
 // host's byte order). A read racing a writer may be off; the next look
 // corrects it.
 func (c *checkpoints) pending() (int64, bool) {
-	f, err := os.Open(c.shm)
-	if err != nil {
-		return 0, false
+	if c.f == nil {
+		f, err := os.Open(c.shm)
+		if err != nil {
+			return 0, false
+		}
+		c.f = f
 	}
-	defer f.Close()
 	var hdr [100]byte
-	if _, err := f.ReadAt(hdr[:], 0); err != nil {
+	if _, err := c.f.ReadAt(hdr[:], 0); err != nil {
 		return 0, false
 	}
 	mx := binary.NativeEndian.Uint32(hdr[16:])
@@ -88,4 +99,15 @@ func (c *checkpoints) stop() error {
 	close(c.stopCh)
 	c.wg.Wait()
 	return nil
+}
+
+// close closes the -shm descriptor: only once the store's connections are
+// closed (see f), when SQLite holds no lock on the file any more.
+func (c *checkpoints) close() error {
+	if c.f == nil {
+		return nil
+	}
+	err := c.f.Close()
+	c.f = nil
+	return err
 }

@@ -28,6 +28,7 @@ func TestCheckpointPendingReadsTheLog(t *testing.T) {
 		}
 	}
 	c := &checkpoints{shm: path + "-shm"}
+	defer c.close()
 	before, ok := c.pending()
 	if !ok || before < 300 {
 		t.Fatalf("pending after 300 pages written = %d, %v; want at least 300", before, ok)
@@ -76,6 +77,7 @@ func TestCheckpointsOffTheWriter(t *testing.T) {
 		}
 	}
 	c := &checkpoints{shm: path + "-shm"}
+	defer c.close()
 	testwait.Until(t, 10*time.Second, "the log copied into the database", func() bool {
 		n, ok := c.pending()
 		return ok && n < checkpointFrames

@@ -70,6 +70,7 @@ func open(path string, wal syncer) (*sqlstore.Store, error) {
 		// run's events stay within one 4 KB page.
 		RunRowSteps: 12,
 	}, w, r, closers...)
+	st.AfterClose(cp.close)
 	// SQLite has one writer: group many writers' requests into one
 	// transaction, and one disk sync.
 	st.EnableGroupCommit(GroupCommitMax, syncWAL)

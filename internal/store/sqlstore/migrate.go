@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
@@ -75,6 +76,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS ferry_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL)`); err != nil {
 		return fmt.Errorf("create migrations table: %w", err)
 	}
+	if err := s.notNewer(ctx, db, ms); err != nil {
+		return err
+	}
 	for _, m := range ms {
 		if err := s.apply(ctx, db, m); err != nil {
 			return err
@@ -83,9 +87,50 @@ func (s *Store) Migrate(ctx context.Context) error {
 	return nil
 }
 
+// ErrSchemaNewer: the database was migrated by a newer Ferry than this
+// one, whose code would misread what the newer one writes (a rollback, a
+// node left behind in an upgrade).
+var ErrSchemaNewer = errors.New("the database's schema is newer than this ferry: upgrade ferry")
+
+// ErrNotMigrated: the database has no Ferry schema yet.
+var ErrNotMigrated = errors.New("the database is not migrated: run ferry migrate, or start the server with --migrate")
+
+// notNewer refuses a database holding migrations this binary does not
+// know.
+func (s *Store) notNewer(ctx context.Context, db interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}, ms []migration) error {
+	var top sql.NullInt64
+	if err := db.QueryRowContext(ctx, `SELECT MAX(version) FROM ferry_migrations`).Scan(&top); err != nil {
+		return fmt.Errorf("read migrations: %w", err)
+	}
+	if known := ms[len(ms)-1].version; top.Valid && int(top.Int64) > known {
+		return fmt.Errorf("%w (database at migration %d, this ferry knows up to %d)", ErrSchemaNewer, top.Int64, known)
+	}
+	return nil
+}
+
+// CheckSchema tells, without changing anything, whether this binary can
+// work on the database: migrated (ErrNotMigrated), and not by a newer
+// Ferry (ErrSchemaNewer). Migrations this binary knows but the database
+// lacks are not checked: a server started without migrating is trusted
+// to have had them applied.
+func (s *Store) CheckSchema(ctx context.Context) error {
+	ms, err := loadMigrations(s.d.Name)
+	if err != nil {
+		return err
+	}
+	var top sql.NullInt64
+	if err := s.r.QueryRowContext(ctx, `SELECT MAX(version) FROM ferry_migrations`).Scan(&top); err != nil || !top.Valid {
+		return ErrNotMigrated
+	}
+	return s.notNewer(ctx, s.r, ms)
+}
+
 // migrator is a pool or one connection of it.
 type migrator interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
 }
 

@@ -78,15 +78,17 @@ type Store struct {
 	r *sql.DB // reads (may equal w)
 
 	closers []func() error
-	ptypes  typeCache     // the types of the tasks that may be pending
-	group   *groupCommit  // SQLite: one writer applying requests in groups
-	cache   *runCache     // SQLite: runs as the writer last wrote them
-	vcache  *versionCache // Postgres: runs by row version
-	tcache  *taskCache    // Postgres: the tasks this store leased, by row version
-	hook    atomic.Pointer[func(store.Committed)]
-	evHook  atomic.Pointer[func([]store.EventCount)]
-	finHook atomic.Pointer[func([]store.Finished)]
-	share   atomic.Pointer[func() (index, of int)] // see ShareTimers
+	// afterClose run once the pools are closed (AfterClose).
+	afterClose []func() error
+	ptypes     typeCache     // the types of the tasks that may be pending
+	group      *groupCommit  // SQLite: one writer applying requests in groups
+	cache      *runCache     // SQLite: runs as the writer last wrote them
+	vcache     *versionCache // Postgres: runs by row version
+	tcache     *taskCache    // Postgres: the tasks this store leased, by row version
+	hook       atomic.Pointer[func(store.Committed)]
+	evHook     atomic.Pointer[func([]store.EventCount)]
+	finHook    atomic.Pointer[func([]store.Finished)]
+	share      atomic.Pointer[func() (index, of int)] // see ShareTimers
 
 	written    [len(AnalyzeTables)]atomic.Int64 // rows this server inserted, by table
 	analyzedAt [len(AnalyzeTables)]atomic.Int64 // written at the table's last ANALYZE
@@ -406,8 +408,16 @@ func (s *Store) Close() error {
 	if s.r != s.w {
 		errs = append(errs, s.r.Close())
 	}
+	for _, c := range s.afterClose {
+		errs = append(errs, c())
+	}
 	return errors.Join(errs...)
 }
+
+// AfterClose has Close call fn once both pools are closed: for what must
+// outlive every connection (the SQLite store's -shm descriptor, whose
+// closing would drop the connections' locks).
+func (s *Store) AfterClose(fn func() error) { s.afterClose = append(s.afterClose, fn) }
 
 // q rewrites ? placeholders for the dialect. Queries never hold a literal ?.
 // Rewritten texts are kept: the set-wise statements are long, and their

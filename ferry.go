@@ -129,6 +129,9 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	if l, ok := st.(interface{ SetLogger(*slog.Logger) }); ok {
+		l.SetLogger(cfg.Logger) // the store's own messages follow the engine's level and format
+	}
 	if cfg.Migrate {
 		if err := st.Migrate(ctx); err != nil {
 			st.Close()

@@ -39,10 +39,32 @@ it once; only its hash is stored.`,
 				return fmt.Errorf("--log-level: %w", err)
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
+			switch {
+			case lease <= 0:
+				return fmt.Errorf("--lease must be a positive duration, like 30s")
+			case tick <= 0:
+				return fmt.Errorf("--safety-tick must be a positive duration, like 5s")
+			case maxDefBytes <= 0:
+				return fmt.Errorf("--max-definition-bytes must be positive")
+			case maxSteps <= 0:
+				return fmt.Errorf("--max-steps must be positive")
+			}
+			if publicURL != "" {
+				if u, err := url.Parse(publicURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+					return fmt.Errorf("--public-url %q: want an absolute http or https URL, like https://ferry.example.com", publicURL)
+				}
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			// Listening first: the default public URL is the address
+			// bound (a port 0 is the one the kernel picked).
+			ln, err := net.Listen("tcp", listen)
+			if err != nil {
+				return fmt.Errorf("listen on %s: %w", listen, err)
+			}
+			defer ln.Close()
 			if publicURL == "" {
-				publicURL = "http://" + listen
+				publicURL = defaultPublicURL(ln.Addr(), log)
 			}
 			tp, stopTracing, err := ferry.TracerProviderFromEnv(ctx, "")
 			if err != nil {
@@ -74,10 +96,6 @@ it once; only its hash is stored.`,
 			if key != "" {
 				fmt.Fprintf(cmd.OutOrStdout(), "Created admin API key (shown once, store it now):\n\n  FERRY_API_KEY=%s\n\n", key)
 			}
-			ln, err := net.Listen("tcp", listen)
-			if err != nil {
-				return fmt.Errorf("listen on %s: %w", listen, err)
-			}
 			// IdleTimeout closes a keep-alive connection its client left
 			// (a worker that died without closing it); longer than the Go
 			// client's own 90 s, so that a client normally closes first
@@ -96,18 +114,23 @@ it once; only its hash is stored.`,
 				stop()
 				return err
 			}
+			// A second signal now ends the process at once, as a signal
+			// does by default.
+			stop()
 			shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			defer cancel()
+			var shutErr error
 			if err := srv.Shutdown(shutCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Warn("http shutdown", "err", err)
+				shutErr = fmt.Errorf("shutdown: requests still in flight after 10s: %w", err)
 			}
-			return <-runDone
+			return errors.Join(<-runDone, shutErr)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", envOr("FERRY_LISTEN", "127.0.0.1:8080"), "address to listen on (FERRY_LISTEN)")
 	f.StringVar(&database, "database", envOr("FERRY_DATABASE", ferry.DefaultDatabase), "sqlite:PATH or postgres:// URL (FERRY_DATABASE)")
-	f.StringVar(&publicURL, "public-url", envOr("FERRY_PUBLIC_URL", ""), "base URL for webhook callbacks (FERRY_PUBLIC_URL; default http://<listen>)")
+	f.StringVar(&publicURL, "public-url", envOr("FERRY_PUBLIC_URL", ""), "base URL for webhook callbacks (FERRY_PUBLIC_URL; default http:// and the address bound)")
 	f.StringVar(&egress, "egress-allow", envOr("FERRY_EGRESS_ALLOW", ""), "CIDRs and host names HTTP steps may reach besides public addresses (FERRY_EGRESS_ALLOW)")
 	f.BoolVar(&migrate, "migrate", true, "apply pending database migrations at start")
 	f.DurationVar(&lease, "lease", 30*time.Second, "how long claimed work is held before another node may take it over")
@@ -135,12 +158,43 @@ func migrateCmd() *cobra.Command {
 	return cmd
 }
 
-// redact hides a Postgres password in logs.
+// redact hides a Postgres password in logs: the URL's own, and a
+// password parameter (libpq's ?password=).
 func redact(db string) string {
-	if u, err := url.Parse(db); err == nil && u.User != nil {
+	u, err := url.Parse(db)
+	if err != nil {
+		return db
+	}
+	changed := false
+	if u.User != nil {
 		if _, ok := u.User.Password(); ok {
-			return u.Redacted()
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+			changed = true
 		}
 	}
-	return db
+	if q := u.Query(); q.Has("password") {
+		q.Set("password", "xxxxx")
+		u.RawQuery = q.Encode()
+		changed = true
+	}
+	if !changed {
+		return db
+	}
+	return u.String()
+}
+
+// defaultPublicURL is http:// and the address bound. An unspecified host
+// (0.0.0.0, ::, a listen address with no host) is no address a caller can
+// use: loopback stands in, with a warning that callbacks from elsewhere
+// need --public-url.
+func defaultPublicURL(addr net.Addr, log *slog.Logger) string {
+	host, port, err := net.SplitHostPort(addr.String())
+	if err != nil {
+		return "http://" + addr.String()
+	}
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		log.Warn("listening on every address: webhook callback URLs use 127.0.0.1; set --public-url for callers on other machines", "listen", addr.String())
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(host, port)
 }

@@ -6,7 +6,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math"
 	"net/url"
 	"slices"
@@ -350,7 +349,7 @@ func (s *Store) notifyWithin(payload string, d time.Duration) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	if _, err := s.DB().ExecContext(ctx, "SELECT pg_notify($1, $2)", channel, payload); err != nil {
-		slog.Warn("postgres notify failed; other nodes wake at their next sweep or this node's next notification", "err", err)
+		s.Log().Warn("postgres notify failed; other nodes wake at their next sweep or this node's next notification", "err", err)
 		return false
 	}
 	return true
@@ -475,14 +474,14 @@ func (s *Store) heardFrom(node string, named bool) {
 	p.named = named
 	s.peersMu.Unlock()
 	if !known {
-		slog.Info("postgres node joined the timer share", "node", node)
+		s.Log().Info("postgres node joined the timer share", "node", node)
 	}
 }
 
 // left forgets a node that said goodbye.
 func (s *Store) left(node string) {
 	if s.forget(func(id string, _ *peer) bool { return id == node }) > 0 {
-		slog.Info("postgres node left the timer share: it said goodbye", "node", node)
+		s.Log().Info("postgres node left the timer share: it said goodbye", "node", node)
 	}
 }
 
@@ -599,7 +598,7 @@ func (s *Store) dropGonePeers(ctx context.Context) error {
 		return true
 	})
 	for _, id := range gone {
-		slog.Info("postgres node gone: its listener disconnected; its share of the timers is the others' now", "node", id)
+		s.Log().Info("postgres node gone: its listener disconnected; its share of the timers is the others' now", "node", id)
 	}
 	return nil
 }
@@ -622,9 +621,9 @@ func (s *Store) watchPeers(ctx context.Context) {
 			case ctx.Err() != nil:
 				return
 			case err != nil && !failing:
-				slog.Warn("postgres peer check failed; a node that died without a goodbye leaves the timer share only after a minute", "err", err)
+				s.Log().Warn("postgres peer check failed; a node that died without a goodbye leaves the timer share only after a minute", "err", err)
 			case err == nil && failing:
-				slog.Info("postgres peer check works again")
+				s.Log().Info("postgres peer check works again")
 			}
 			failing = err != nil
 		}
@@ -680,7 +679,7 @@ func (s *Store) timerShare() (index, of int) {
 	s.lastShare = sh
 	s.peersMu.Unlock()
 	for _, id := range unheard {
-		slog.Info("postgres node left the timer share: not heard from for a minute", "node", id)
+		s.Log().Info("postgres node left the timer share: not heard from for a minute", "node", id)
 	}
 	if last != nil && (last.index != sh.index || last.of != sh.of) {
 		s.shareChanged()
@@ -781,14 +780,14 @@ func (s *Store) Wakeups(ctx context.Context) <-chan struct{} {
 					// (each second) is unlikely to find this node gone,
 					// and both fire its share meanwhile. (Not one that
 					// broke within listenUp: that could loop.)
-					slog.Warn("postgres listener's connection ended; reconnecting", "err", err)
+					s.Log().Warn("postgres listener's connection ended; reconnecting", "err", err)
 					continue
 				}
 				// Once per outage, not every second of it (see listen).
 				if !s.listenFailing.Swap(true) {
-					slog.Warn("postgres listen failed; retrying every second", "err", err)
+					s.Log().Warn("postgres listen failed; retrying every second", "err", err)
 				} else {
-					slog.Debug("postgres listen failed again", "err", err)
+					s.Log().Debug("postgres listen failed again", "err", err)
 				}
 				select {
 				case <-ctx.Done():
@@ -858,7 +857,7 @@ func (s *Store) listen(ctx context.Context, ch chan<- struct{}, up *time.Time) e
 	s.said.Store(true)
 	defer s.said.Store(false)
 	if s.listenFailing.Swap(false) {
-		slog.Info("postgres listener connected again")
+		s.Log().Info("postgres listener connected again")
 	}
 	pctx, stopWatch := context.WithCancel(ctx)
 	watched := make(chan struct{})

@@ -29,6 +29,8 @@ type checkpoints struct {
 	// shell, another server) then broke it: commits failed, the file
 	// could be corrupted and acknowledged writes lost.
 	f *os.File
+	// log is the store's logger.
+	log func() *slog.Logger
 }
 
 const (
@@ -42,11 +44,15 @@ const (
 	writerCheckpointFrames = 10000
 )
 
-func startCheckpoints(path string, r *sql.DB) *checkpoints {
-	c := &checkpoints{shm: path + "-shm", r: r, stopCh: make(chan struct{})}
+// newCheckpoints makes the loop, started by start: log, the store's
+// logger, is set in between.
+func newCheckpoints(path string, r *sql.DB) *checkpoints {
+	return &checkpoints{shm: path + "-shm", r: r, stopCh: make(chan struct{}), log: slog.Default}
+}
+
+func (c *checkpoints) start() {
 	c.wg.Add(1)
 	go c.loop()
-	return c
 }
 
 func (c *checkpoints) loop() {
@@ -64,7 +70,7 @@ func (c *checkpoints) loop() {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		if _, err := c.r.ExecContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)"); err != nil {
-			slog.Warn("sqlite checkpoint failed", "err", err)
+			c.log().Warn("sqlite checkpoint failed", "err", err)
 		}
 		cancel()
 	}

@@ -58,7 +58,7 @@ func open(path string, wal syncer) (*sqlstore.Store, error) {
 	if wal != nil {
 		closers, syncWAL = append(closers, wal.close), wal.sync
 	}
-	cp := startCheckpoints(path, r)
+	cp := newCheckpoints(path, r)
 	closers = append(closers, cp.stop)
 	st := sqlstore.New(sqlstore.Dialect{
 		Name:     "sqlite",
@@ -71,6 +71,8 @@ func open(path string, wal syncer) (*sqlstore.Store, error) {
 		RunRowSteps: 12,
 	}, w, r, closers...)
 	st.AfterClose(cp.close)
+	cp.log = st.Log
+	cp.start()
 	// SQLite has one writer: group many writers' requests into one
 	// transaction, and one disk sync.
 	st.EnableGroupCommit(GroupCommitMax, syncWAL)

@@ -78,6 +78,9 @@ type Store struct {
 	r *sql.DB // reads (may equal w)
 
 	closers []func() error
+	// log is where the store's own messages go (SetLogger; nil: slog's
+	// default): atomic, for goroutines started before it is set.
+	log atomic.Pointer[slog.Logger]
 	// afterClose run once the pools are closed (AfterClose).
 	afterClose []func() error
 	ptypes     typeCache     // the types of the tasks that may be pending
@@ -322,7 +325,7 @@ func (s *Store) analyze(tables []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if _, err := s.w.ExecContext(ctx, s.d.Analyze(tables)); err != nil {
-		slog.Warn("refreshing planner statistics failed", "tables", tables, "err", err)
+		s.Log().Warn("refreshing planner statistics failed", "tables", tables, "err", err)
 	}
 }
 
@@ -412,6 +415,20 @@ func (s *Store) Close() error {
 		errs = append(errs, c())
 	}
 	return errors.Join(errs...)
+}
+
+// SetLogger sends the store's own messages (a failed statistics refresh,
+// Postgres's nodes joining and leaving, a listener reconnecting) to l, the
+// engine's logger, rather than to slog's default, which a server does not
+// set: they then follow its level and format.
+func (s *Store) SetLogger(l *slog.Logger) { s.log.Store(l) }
+
+// Log is the store's logger (SetLogger), slog's default until one is set.
+func (s *Store) Log() *slog.Logger {
+	if l := s.log.Load(); l != nil {
+		return l
+	}
+	return slog.Default()
 }
 
 // AfterClose has Close call fn once both pools are closed: for what must

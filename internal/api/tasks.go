@@ -46,8 +46,12 @@ func decodeStrictBytes(b []byte, v any, prefix string) *spec.FieldError {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)
-	if err == nil && dec.More() {
-		err = errors.New("unexpected data after the JSON object")
+	if err == nil {
+		// Nothing may follow the object (More is false before a stray
+		// } or ]).
+		if _, terr := dec.Token(); terr != io.EOF {
+			err = errors.New("unexpected data after the JSON object")
+		}
 	}
 	if err == nil {
 		// A string with NUL ("\u0000") decodes, but no database stores

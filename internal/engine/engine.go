@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net/url"
 	"strings"
@@ -331,7 +332,12 @@ func tryJSON(raw []byte) (any, bool) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
 	var v any
-	if err := dec.Decode(&v); err != nil || dec.More() {
+	if err := dec.Decode(&v); err != nil {
+		return nil, false
+	}
+	// Nothing may follow the value: More is false before a stray } or ],
+	// and a body such as {"x":1}} was read as JSON.
+	if _, err := dec.Token(); err != io.EOF {
 		return nil, false
 	}
 	return v, true

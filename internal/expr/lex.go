@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"strconv"
 	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
 )
 
 type tokKind int
@@ -223,7 +225,18 @@ func (l *lexer) str() (token, *SyntaxError) {
 			if err != nil {
 				return token{}, l.err(i, "expected four hex digits after \\u")
 			}
-			b.WriteRune(rune(n))
+			r := rune(n)
+			// A UTF-16 surrogate pair, as JSON writes a character past
+			// U+FFFF ("\ud83d\ude00"): one character, not two U+FFFD.
+			if utf16.IsSurrogate(r) && i+12 <= len(s) && s[i+6] == '\\' && s[i+7] == 'u' {
+				if lo, err := strconv.ParseUint(s[i+8:i+12], 16, 32); err == nil {
+					if pair := utf16.DecodeRune(r, rune(lo)); pair != utf8.RuneError {
+						r = pair
+						i += 6
+					}
+				}
+			}
+			b.WriteRune(r)
 			i += 4
 		default:
 			return token{}, l.err(i, "unknown escape "+strconv.Quote(s[i:i+2])+" in string")

@@ -5,17 +5,26 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"math/big"
 	"strconv"
 )
 
 // number is a JSON number reduced to something comparable. Integers that fit
-// in int64 compare exactly; anything else falls back to float64, which is
-// what a JSON number means to most producers anyway.
+// in int64 compare exactly; a number written with more digits than float64
+// holds (an id past 2^63) keeps them in exact, compared at 256 bits, as
+// templates carry it exactly; anything else falls back to float64, which
+// is what a JSON number means to most producers anyway.
 type number struct {
 	i     int64
 	f     float64
 	isInt bool
+	exact *big.Float // from text that neither int64 nor float64 holds exactly
 }
+
+// exactPrec is the precision numbers past int64 compare at: exact for
+// integers of up to 77 digits, without the memory an exact rational of a
+// huge exponent ("1e999999999") would take.
+const exactPrec = 256
 
 func toNumber(v any) (number, bool) {
 	switch n := v.(type) {
@@ -27,7 +36,14 @@ func toNumber(v any) (number, bool) {
 		if err != nil && !isRangeErr(err) {
 			return number{}, false
 		}
-		return floatNumber(f), true
+		num := floatNumber(f)
+		// An integer float64 cannot hold (past 2^53, or past its range)
+		// keeps its digits; a fraction (0.1) means its float64, as to
+		// most producers.
+		if x, _, err := big.ParseFloat(string(n), 10, exactPrec, big.ToNearestEven); err == nil && x.IsInt() && (math.IsInf(f, 0) || x.Cmp(big.NewFloat(f)) != 0) {
+			num.exact = x
+		}
+		return num, true
 	case float64:
 		return floatNumber(n), true
 	case float32:
@@ -79,8 +95,28 @@ func floatNumber(f float64) number {
 	return number{f: f}
 }
 
+// bigOf is n at exactPrec bits, or nil when it is not a number (NaN).
+func bigOf(n number) *big.Float {
+	switch {
+	case n.exact != nil:
+		return n.exact
+	case n.isInt:
+		return new(big.Float).SetPrec(exactPrec).SetInt64(n.i)
+	case math.IsNaN(n.f):
+		return nil
+	}
+	return new(big.Float).SetPrec(exactPrec).SetFloat64(n.f)
+}
+
 // cmpNumbers orders a and b; ok is false when they are unordered (NaN).
 func cmpNumbers(a, b number) (c int, ok bool) {
+	if a.exact != nil || b.exact != nil {
+		x, y := bigOf(a), bigOf(b)
+		if x == nil || y == nil {
+			return 0, false
+		}
+		return x.Cmp(y), true
+	}
 	if a.isInt && b.isInt {
 		switch {
 		case a.i < b.i:

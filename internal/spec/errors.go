@@ -23,6 +23,7 @@ const (
 	CodeFieldNotAllowed    = "field_not_allowed"
 	CodeUnknownNeed        = "unknown_need"
 	CodeDuplicateNeed      = "duplicate_need"
+	CodeDuplicateKey       = "duplicate_key"
 	CodeSelfNeed           = "self_need"
 	CodeCycle              = "cycle"
 	CodeInvalidCondition   = "invalid_condition"

@@ -57,13 +57,106 @@ func objectMembers(raw json.RawMessage) ([]member, bool) {
 	return out, true
 }
 
+// isStepPath tells whether path names a step ("tasks.<name>").
+func isStepPath(path string) bool {
+	name, ok := strings.CutPrefix(path, "tasks.")
+	return ok && !strings.ContainsAny(name, ".[")
+}
+
+// duplicateKey finds the first key given twice in one object of the JSON
+// document js (valid), and its path.
+func duplicateKey(js []byte) (string, bool) {
+	type level struct {
+		keys      map[string]bool // nil: an array
+		path      string
+		index     int    // an array's next element
+		key       string // an object's last key
+		expectKey bool
+	}
+	var stack []*level
+	// child is the path of the value the level on top is at.
+	child := func() string {
+		if len(stack) == 0 {
+			return ""
+		}
+		l := stack[len(stack)-1]
+		if l.keys == nil {
+			return fmt.Sprintf("%s[%d]", l.path, l.index)
+		}
+		if l.path == "" {
+			return l.key
+		}
+		return l.path + "." + l.key
+	}
+	// done ends a value of the level on top.
+	done := func() {
+		if len(stack) == 0 {
+			return
+		}
+		if l := stack[len(stack)-1]; l.keys == nil {
+			l.index++
+		} else {
+			l.expectKey = true
+		}
+	}
+	dec := json.NewDecoder(bytes.NewReader(js))
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return "", false
+		}
+		if len(stack) > 0 {
+			if l := stack[len(stack)-1]; l.keys != nil && l.expectKey {
+				if k, ok := tok.(string); ok {
+					l.key, l.expectKey = k, false
+					if l.keys[k] {
+						return child(), true
+					}
+					l.keys[k] = true
+					continue
+				}
+			}
+		}
+		switch tok {
+		case json.Delim('{'), json.Delim('['):
+			l := &level{path: child(), expectKey: true}
+			if tok == json.Delim('{') {
+				l.keys = map[string]bool{}
+			}
+			stack = append(stack, l)
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:len(stack)-1]
+			done()
+		default:
+			done()
+		}
+	}
+}
+
 // ToJSON converts a YAML or JSON document to JSON. JSON is returned as is;
 // anything else is read as YAML.
 func ToJSON(doc []byte) ([]byte, error) {
+	// A byte-order mark is no part of the text (editors on Windows write
+	// one); left, it made JSON "not an object" and a YAML key "\ufeffname".
+	doc = bytes.TrimPrefix(doc, []byte("\ufeff"))
 	trimmed := bytes.TrimSpace(doc)
+	// JSON is returned as it is. What starts like JSON but is not may be
+	// YAML's flow style ({name: a, tasks: {…}}): read as YAML if it is
+	// YAML, else left to the JSON parser to say what is wrong with it.
 	if len(trimmed) > 0 && (trimmed[0] == '{' || trimmed[0] == '[') {
+		if json.Valid(trimmed) {
+			return trimmed, nil
+		}
+		if y, err := yamlToJSON(doc); err == nil {
+			return y, nil
+		}
 		return trimmed, nil
 	}
+	return yamlToJSON(doc)
+}
+
+// yamlToJSON converts a YAML document to JSON, bounded (see ToJSON).
+func yamlToJSON(doc []byte) ([]byte, error) {
 	// The YAML parser's work grows with the square of how deeply
 	// collections nest ("[[[[…", "- - - -…"): a definition of 250 KB took
 	// 24 GB.
@@ -275,6 +368,13 @@ func Parse(doc []byte, lim Limits) (*Workflow, error) {
 		c.add("", CodeInvalidType, "a workflow definition must be a JSON object")
 		return nil, c.err()
 	}
+	// JSON keeps the last of two equal keys without a word (a second
+	// "tasks" dropped the first's steps); YAML refuses them, and so does
+	// a definition in either form.
+	// (A step given twice is told below, as invalid_name.)
+	if path, ok := duplicateKey(js); ok && !lim.Stored && !isStepPath(path) {
+		c.add(path, CodeDuplicateKey, "%s is given twice in one object", path)
+	}
 	w := &Workflow{Trigger: "api", MaxDuration: DefaultMaxDuration, Enabled: true, index: map[string]*Step{}}
 	var compact bytes.Buffer
 	_ = json.Compact(&compact, js)
@@ -345,7 +445,7 @@ func Parse(doc []byte, lim Limits) (*Workflow, error) {
 	for _, m := range steps {
 		path := "tasks." + m.Key
 		if !stepNameRE.MatchString(m.Key) {
-			c.add(path, CodeInvalidName, "step name %q must hold only letters, digits, '_' and '-' (at most 64)", m.Key)
+			c.add(path, CodeInvalidName, "step name %q must hold only letters, digits, '_' and '-' (at most 64), and not start with '-'", m.Key)
 		}
 		if _, dup := w.index[m.Key]; dup {
 			c.add(path, CodeInvalidName, "step %q is defined twice", m.Key)

@@ -25,6 +25,7 @@ import (
 	"github.com/ferryhq/ferry/internal/store"
 	"github.com/ferryhq/ferry/internal/store/postgres"
 	"github.com/ferryhq/ferry/internal/store/sqlite"
+	"github.com/ferryhq/ferry/internal/store/sqlstore"
 	"github.com/ferryhq/ferry/internal/tracing"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -132,16 +133,21 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 	if l, ok := st.(interface{ SetLogger(*slog.Logger) }); ok {
 		l.SetLogger(cfg.Logger) // the store's own messages follow the engine's level and format
 	}
+	var schemaErr error
 	if cfg.Migrate {
-		if err := st.Migrate(ctx); err != nil {
+		if schemaErr = st.Migrate(ctx); schemaErr != nil && !errors.Is(schemaErr, sqlstore.ErrSchemaNewer) {
 			st.Close()
-			return nil, fmt.Errorf("migrate: %w", err)
+			return nil, fmt.Errorf("migrate: %w", schemaErr)
 		}
 	} else if c, ok := st.(schemaChecker); ok {
-		if err := c.CheckSchema(ctx); err != nil {
+		if schemaErr = c.CheckSchema(ctx); schemaErr != nil && !errors.Is(schemaErr, sqlstore.ErrSchemaNewer) {
 			st.Close()
-			return nil, err
+			return nil, schemaErr
 		}
+	}
+	if schemaErr != nil {
+		// A node left behind in a rolling upgrade: it runs, and says so.
+		cfg.Logger.Error("this ferry is older than the database's schema: upgrade it; until then it may fail to read what newer servers wrote", "err", schemaErr)
 	}
 	if w, ok := st.(warmer); ok {
 		wctx, cancel := context.WithTimeout(ctx, warmFor)
@@ -342,7 +348,7 @@ func checkTrigger(i int, input json.RawMessage, key string) error {
 	case len(input) > 0 && !jsonText(input):
 		return invalidJSON(path("input"), "the input is not valid JSON")
 	case !spec.ValidKey(key):
-		return invalid(path("idempotency_key"), "an idempotency key is UTF-8 text of at most 255 bytes without control characters or spaces at its ends")
+		return invalid(path("idempotency_key"), "an idempotency key is UTF-8 text of at most 255 bytes without control characters (but the tab) or spaces or tabs at its ends")
 	}
 	return nil
 }

@@ -1,11 +1,13 @@
 package ferry_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/ferryhq/ferry"
@@ -13,13 +15,13 @@ import (
 	"github.com/ferryhq/ferry/internal/store/sqlstore"
 )
 
-// TestSchemaNewerOrMissingIsRefused: a server does not start on a
-// database migrated by a newer Ferry (whose writes it would misread: a
-// rollback, a node left behind), whether it migrates on start or not, nor
-// without migrating on a database never migrated; each says why. (Found by
-// an audit: an older binary started silently on a newer schema and failed
-// reads with 500s.)
-func TestSchemaNewerOrMissingIsRefused(t *testing.T) {
+// TestSchemaNewerOrMissing: a server does not start without migrating on
+// a database never migrated (it says so); on a database a newer Ferry
+// migrated (a node left behind in a rolling upgrade) it starts, whether
+// it migrates on start or not, and says loudly that it is older than the
+// schema. (An audit found it silent; refusing would crash-loop an old
+// node restarting mid-upgrade.)
+func TestSchemaNewerOrMissing(t *testing.T) {
 	for _, db := range []string{"sqlite", "postgres"} {
 		t.Run(db, func(t *testing.T) {
 			t.Parallel()
@@ -28,8 +30,10 @@ func TestSchemaNewerOrMissingIsRefused(t *testing.T) {
 			if db == "postgres" {
 				dsn = pgtest.DSN(t)
 			}
+			var logged bytes.Buffer
 			open := func(migrate bool) error {
-				e, err := ferry.Open(ctx, ferry.Config{Database: dsn, Migrate: migrate, Logger: slog.New(slog.DiscardHandler)})
+				logged.Reset()
+				e, err := ferry.Open(ctx, ferry.Config{Database: dsn, Migrate: migrate, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 				if err == nil {
 					e.Close()
 				}
@@ -41,8 +45,8 @@ func TestSchemaNewerOrMissingIsRefused(t *testing.T) {
 			if err := open(true); err != nil {
 				t.Fatal(err)
 			}
-			if err := open(false); err != nil {
-				t.Fatalf("migrated, opened without migrating: %v", err)
+			if err := open(false); err != nil || strings.Contains(logged.String(), "older than") {
+				t.Fatalf("migrated, opened without migrating: %v; log %q", err, logged.String())
 			}
 			st, err := ferry.OpenStore(ctx, dsn)
 			if err != nil {
@@ -55,9 +59,13 @@ func TestSchemaNewerOrMissingIsRefused(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, migrate := range []bool{true, false} {
-				if err := open(migrate); !errors.Is(err, sqlstore.ErrSchemaNewer) {
-					t.Errorf("newer schema, migrate %v: %v, want ErrSchemaNewer", migrate, err)
+				err := open(migrate)
+				if err != nil || !strings.Contains(logged.String(), "level=ERROR") || !strings.Contains(logged.String(), "database at migration 9999") {
+					t.Errorf("newer schema, migrate %v: %v; log %q; want started, saying it is older", migrate, err, logged.String())
 				}
+			}
+			if err := ferry.Migrate(ctx, dsn); !errors.Is(err, sqlstore.ErrSchemaNewer) {
+				t.Errorf("ferry migrate with an older ferry: %v, want ErrSchemaNewer", err)
 			}
 		})
 	}

@@ -38,7 +38,7 @@ func (e *Engine) CreateTask(ctx context.Context, nt client.NewTask) (*client.Tas
 	case nt.Priority != nil && (*nt.Priority < 0 || *nt.Priority > 1000):
 		return nil, false, invalid("priority", "priority must be from 0 to 1000 (lower runs first)")
 	case !spec.ValidKey(nt.IdempotencyKey):
-		return nil, false, invalid("idempotency_key", "idempotency_key must be UTF-8 text of at most 255 bytes without control characters or spaces at its ends")
+		return nil, false, invalid("idempotency_key", "idempotency_key must be UTF-8 text of at most 255 bytes without control characters (but the tab) or spaces or tabs at its ends")
 	case len(nt.Payload) > 0 && !jsonText(nt.Payload):
 		return nil, false, invalid("payload", "payload must be JSON")
 	case nt.RetryDelay < 0 || (nt.RetryDelay > 0 && nt.RetryDelay < time.Millisecond):

@@ -189,8 +189,8 @@ func (c *Client) Trigger(ctx context.Context, ref string, input json.RawMessage,
 		// A header drops the spaces at a value's ends and cannot carry a
 		// line break: such a key is refused here as the server refuses it
 		// in a batch, not sent as another key.
-		if strings.TrimSpace(idempotencyKey) != idempotencyKey || strings.ContainsFunc(idempotencyKey, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
-			msg := "an idempotency key must be UTF-8 text without control characters or spaces at its ends"
+		if strings.Trim(idempotencyKey, " \t") != idempotencyKey || strings.ContainsFunc(idempotencyKey, func(r rune) bool { return (r < 0x20 && r != '\t') || r == 0x7f }) {
+			msg := "an idempotency key must be UTF-8 text without control characters (but the tab) or spaces or tabs at its ends"
 			return nil, false, &APIError{StatusCode: http.StatusBadRequest, Code: CodeInvalidRequest, Message: msg,
 				Details: []FieldDetail{{Path: "Idempotency-Key", Code: CodeInvalidRequest, Message: msg}}} // as the server names the header
 		}

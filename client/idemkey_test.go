@@ -18,20 +18,23 @@ func TestIdempotencyKeyOneRuleEverywhere(t *testing.T) {
 	if _, err := c.CreateWorkflow(ctx, sleepDef("ik", "1h")); err != nil {
 		t.Fatal(err)
 	}
-	for _, key := range []string{" order-1 ", "order-1 ", "line\n", "tab\tkey", "del\x7f"} {
+	for _, key := range []string{" order-1 ", "order-1 ", "\torder-1", "line\n", "del\x7f"} {
 		_, _, err := c.Trigger(ctx, "ik", nil, key)
 		_, berr := c.TriggerBatch(ctx, "ik", []client.BatchRun{{IdempotencyKey: key}})
 		if !client.HasCode(err, client.CodeInvalidRequest) || !client.HasCode(berr, client.CodeInvalidRequest) {
 			t.Errorf("key %q: Trigger %v; TriggerBatch %v; want both refused (invalid_request)", key, err, berr)
 		}
 	}
-	// A key inside keeps its spaces: one run through either path.
-	one, _, err := c.Trigger(ctx, "ik", nil, "order 1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	batch, err := c.TriggerBatch(ctx, "ik", []client.BatchRun{{IdempotencyKey: "order 1"}})
-	if err != nil || batch[0].RunID != one.RunID || batch[0].Created {
-		t.Fatalf("key \"order 1\": Trigger started %s, TriggerBatch %+v %v; want the same run", one.RunID, batch, err)
+	// Spaces, tabs and other characters inside a key are kept: one run
+	// through either path.
+	for _, key := range []string{"order 1", "order\t2", "ordre\u00a03\u3000"} {
+		one, _, err := c.Trigger(ctx, "ik", nil, key)
+		if err != nil {
+			t.Fatalf("key %q: %v", key, err)
+		}
+		batch, err := c.TriggerBatch(ctx, "ik", []client.BatchRun{{IdempotencyKey: key}})
+		if err != nil || batch[0].RunID != one.RunID || batch[0].Created {
+			t.Fatalf("key %q: Trigger started %s, TriggerBatch %+v %v; want the same run", key, one.RunID, batch, err)
+		}
 	}
 }

@@ -195,12 +195,14 @@ type ClaimRequest struct {
 	// WorkerID names the worker in the task's events.
 	WorkerID string
 	// Lease is how long the tasks are held without a heartbeat (1s to 1h;
-	// 0 means 30s).
+	// 0 means 30s; anything else out of range, negative included, is
+	// refused).
 	Lease time.Duration
-	// Max is the most tasks to return (1 to 100; 0 means 1).
+	// Max is the most tasks to return (1 to 100; 0 means 1; a negative
+	// value is refused).
 	Max int
 	// Wait long-polls up to this long (at most 60s) when nothing is ready;
-	// 0 returns at once.
+	// 0 returns at once; a negative value is refused.
 	Wait time.Duration
 }
 
@@ -311,9 +313,10 @@ func (c *Client) ClaimTasks(ctx context.Context, req ClaimRequest) ([]ClaimedTas
 // past it). A completion's result shares it with its lease token.
 const MaxTaskBody = 1 << 20
 
-// Heartbeat extends a lease by lease (0 means 30s) and reports whether the
-// task was cancelled. A lease that was lost (it expired and the task was
-// claimed again) is an error matching ErrLeaseLost.
+// Heartbeat extends a lease by lease (0 means 30s; out of 1s to 1h,
+// negative included, refused) and reports whether the task was cancelled.
+// A lease that was lost (it expired and the task was claimed again) is an
+// error matching ErrLeaseLost.
 func (c *Client) Heartbeat(ctx context.Context, id, token string, lease time.Duration) (HeartbeatResult, error) {
 	body := map[string]any{"lease_token": token}
 	if lease != 0 { // a negative lease goes to the server, which refuses it

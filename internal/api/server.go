@@ -172,7 +172,7 @@ func checkIdempotencyKey(k string) string {
 	case len(k) > MaxIdempotencyKey:
 		return fmt.Sprintf("an idempotency key must be at most %d bytes", MaxIdempotencyKey)
 	case !spec.ValidKey(k):
-		return "an idempotency key must be UTF-8 text without control characters or spaces at its ends"
+		return "an idempotency key must be UTF-8 text without control characters (but the tab) or spaces or tabs at its ends"
 	}
 	return ""
 }

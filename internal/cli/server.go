@@ -56,15 +56,33 @@ it once; only its hash is stored.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			// Listening first: the default public URL is the address
-			// bound (a port 0 is the one the kernel picked).
-			ln, err := net.Listen("tcp", listen)
-			if err != nil {
-				return fmt.Errorf("listen on %s: %w", listen, err)
+			// The port is bound once the engine is open (connections are
+			// refused, not left waiting, through migrations and warm-up),
+			// unless the default public URL needs the address bound first:
+			// a port 0 (the kernel picks it) or no host.
+			var ln net.Listener
+			bind := func() error {
+				var err error
+				if ln, err = net.Listen("tcp", listen); err != nil {
+					return fmt.Errorf("listen on %s: %w", listen, err)
+				}
+				return nil
 			}
-			defer ln.Close()
+			defer func() {
+				if ln != nil {
+					ln.Close()
+				}
+			}()
 			if publicURL == "" {
-				publicURL = defaultPublicURL(ln.Addr(), log)
+				host, port, err := net.SplitHostPort(listen)
+				if ip := net.ParseIP(host); err != nil || port == "0" || host == "" || (ip != nil && ip.IsUnspecified()) {
+					if err := bind(); err != nil {
+						return err
+					}
+					publicURL = defaultPublicURL(ln.Addr(), log)
+				} else {
+					publicURL = "http://" + listen
+				}
 			}
 			tp, stopTracing, err := ferry.TracerProviderFromEnv(ctx, "")
 			if err != nil {
@@ -95,6 +113,11 @@ it once; only its hash is stored.`,
 			}
 			if key != "" {
 				fmt.Fprintf(cmd.OutOrStdout(), "Created admin API key (shown once, store it now):\n\n  FERRY_API_KEY=%s\n\n", key)
+			}
+			if ln == nil {
+				if err := bind(); err != nil {
+					return err
+				}
 			}
 			// IdleTimeout closes a keep-alive connection its client left
 			// (a worker that died without closing it); longer than the Go

@@ -40,8 +40,10 @@ func toNumber(v any) (number, bool) {
 		// An integer float64 cannot hold (past 2^53, or past its range)
 		// keeps its digits; a fraction (0.1) means its float64, as to
 		// most producers.
-		if x, _, err := big.ParseFloat(string(n), 10, exactPrec, big.ToNearestEven); err == nil && x.IsInt() && (math.IsInf(f, 0) || x.Cmp(big.NewFloat(f)) != 0) {
-			num.exact = x
+		if math.IsInf(f, 0) || math.Abs(f) >= 1<<53 { // only there can a float64 lose an integer's digits
+			if x, _, err := big.ParseFloat(string(n), 10, exactPrec, big.ToNearestEven); err == nil && x.IsInt() && (math.IsInf(f, 0) || x.Cmp(big.NewFloat(f)) != 0) {
+				num.exact = x
+			}
 		}
 		return num, true
 	case float64:

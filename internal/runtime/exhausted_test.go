@@ -84,3 +84,33 @@ func TestExhaustedStepKeepsItsAttempt(t *testing.T) {
 		}
 	})
 }
+
+// TestClaimAfterFailingExhaustedTasksClaimsAgain: a claim of one whose
+// only candidate was a task on its final attempt (failed, not handed out)
+// claims again at once and gets the next task behind it, an expired lease
+// with attempts left, with or without a wait.
+func TestClaimAfterFailingExhaustedTasksClaimsAgain(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e *env) {
+		for _, wait := range []time.Duration{0, 20 * time.Second} {
+			a := e.create(t, runtime.NewTask{Type: "billing.invoice.v1", MaxAttempts: 1})
+			b := e.create(t, runtime.NewTask{Type: "billing.invoice.v1", MaxAttempts: 3})
+			if got := e.claim(t, "billing.%"); len(got) != 2 {
+				t.Fatalf("first claim: %d tasks", len(got))
+			}
+			e.clk.Advance(31 * time.Second) // both leases run out; nothing is pending
+			got, err := e.rt.ClaimTasks(t.Context(), runtime.ClaimRequest{Types: []string{"billing.%"}, WorkerID: "w2", Lease: 30 * time.Second, Max: 1, Wait: wait})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != 1 || got[0].ID != b.ID || got[0].Attempt != 2 {
+				t.Fatalf("wait %v: claim of one got %+v, want %s at attempt 2", wait, got, b.ID)
+			}
+			if k := e.get(t, a.ID); k.Status != status.TaskFailed || k.Attempt != 1 {
+				t.Errorf("wait %v: the exhausted task is %s at attempt %d, want failed at 1", wait, k.Status, k.Attempt)
+			}
+			if _, err := e.rt.CompleteTask(t.Context(), got[0].ID, got[0].LeaseToken, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}

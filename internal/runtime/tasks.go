@@ -405,9 +405,25 @@ func (r *Runtime) release(ctx context.Context, ts []*store.Task, reason string) 
 
 // exhausted says, for a claim, whether a task whose lease ran out was on
 // its final attempt (store.ClaimTasks.Exhausted).
-func (r *Runtime) exhausted(ctx context.Context) func(*store.Task) bool {
+//
+// It is asked inside the claim's write transaction (on SQLite, on the one
+// writer), so it reads no registry: a task's own max_attempts, else its
+// type's as cached, else it answers no and the claim leases the task;
+// dropExhausted then fails it after the commit, as before this check.
+func (r *Runtime) exhausted(context.Context) func(*store.Task) bool {
 	return func(t *store.Task) bool {
-		maxAttempts, _ := r.TaskDefaults(ctx, t)
+		maxAttempts := t.MaxAttempts
+		if maxAttempts == 0 {
+			v, ok := r.types.Load(t.Type)
+			if !ok {
+				return false
+			}
+			if tt := v.(cachedType).tt; tt != nil && tt.MaxAttempts > 0 {
+				maxAttempts = tt.MaxAttempts
+			} else {
+				maxAttempts = DefaultTaskMaxAttempts
+			}
+		}
 		return t.Attempt >= maxAttempts
 	}
 }
@@ -426,6 +442,9 @@ func (r *Runtime) waitLeft(deadline time.Time, answered bool) time.Duration {
 // and the failure, which for a workflow step advances its run. A task
 // reported, reclaimed or released meanwhile is left alone.
 func (r *Runtime) failExhausted(ctx context.Context, t *store.Task, now time.Time) {
+	if maxAttempts, _ := r.TaskDefaults(ctx, t); t.Attempt < maxAttempts {
+		return // judged on a stale registry entry: the next claim takes it over
+	}
 	err := r.st.InTask(ctx, t.ID, now, func(tx store.TaskTx) error {
 		k := tx.Task()
 		if k.Status != status.TaskLeased || k.LeaseToken != t.LeaseToken || k.LeaseUntil == nil || k.LeaseUntil.After(now) {
@@ -487,10 +506,7 @@ func (r *Runtime) failExhaustedLeases(ctx context.Context) {
 		return
 	}
 	for _, t := range ts {
-		if maxAttempts, _ := r.TaskDefaults(ctx, t); t.Attempt < maxAttempts {
-			continue // the registry changed since the store read it
-		}
-		r.failExhausted(ctx, t, now)
+		r.failExhausted(ctx, t, now) // which checks the limit again: the registry may have changed since the store read it
 	}
 }
 

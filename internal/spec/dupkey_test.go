@@ -28,3 +28,25 @@ func TestDuplicateKeysRefused(t *testing.T) {
 		t.Errorf("keys equal across objects: %v", err)
 	}
 }
+
+// TestEveryDuplicateKeyIsTold: every key given twice is told, each once,
+// beside a step given twice (told as invalid_name), as a definition's
+// errors list every problem.
+func TestEveryDuplicateKeyIsTold(t *testing.T) {
+	doc := `{"name":"a","tasks":{"x":{"sleep":1},"x":{"sleep":2,"sleep":3,"sleep":4}},"name":"b","enabled":true,"enabled":false}`
+	_, err := Parse([]byte(doc), DefaultLimits)
+	var ve *ValidationError
+	if !errors.As(err, &ve) {
+		t.Fatalf("%v", err)
+	}
+	got := map[string]string{}
+	for _, e := range ve.Errors {
+		got[e.Path] += e.Code + " "
+	}
+	want := map[string]string{"tasks.x": "invalid_name ", "tasks.x.sleep": "duplicate_key ", "name": "duplicate_key ", "enabled": "duplicate_key "}
+	for p, c := range want {
+		if got[p] != c {
+			t.Errorf("%s: %q, want %q (all: %v)", p, got[p], c, got)
+		}
+	}
+}

@@ -63,9 +63,10 @@ func isStepPath(path string) bool {
 	return ok && !strings.ContainsAny(name, ".[")
 }
 
-// duplicateKey finds the first key given twice in one object of the JSON
-// document js (valid), and its path.
-func duplicateKey(js []byte) (string, bool) {
+// duplicateKeys are the paths of the keys given twice in one object of
+// the JSON document js (valid), each once, in document order.
+func duplicateKeys(js []byte) []string {
+	var out []string
 	type level struct {
 		keys      map[string]bool // nil: an array
 		path      string
@@ -103,16 +104,18 @@ func duplicateKey(js []byte) (string, bool) {
 	for {
 		tok, err := dec.Token()
 		if err != nil {
-			return "", false
+			return out // the end of the document
 		}
 		if len(stack) > 0 {
 			if l := stack[len(stack)-1]; l.keys != nil && l.expectKey {
 				if k, ok := tok.(string); ok {
 					l.key, l.expectKey = k, false
-					if l.keys[k] {
-						return child(), true
+					if seen, dup := l.keys[k]; dup && !seen {
+						out = append(out, child())
+						l.keys[k] = true // told once
+					} else if !dup {
+						l.keys[k] = false
 					}
-					l.keys[k] = true
 					continue
 				}
 			}
@@ -372,8 +375,12 @@ func Parse(doc []byte, lim Limits) (*Workflow, error) {
 	// "tasks" dropped the first's steps); YAML refuses them, and so does
 	// a definition in either form.
 	// (A step given twice is told below, as invalid_name.)
-	if path, ok := duplicateKey(js); ok && !lim.Stored && !isStepPath(path) {
-		c.add(path, CodeDuplicateKey, "%s is given twice in one object", path)
+	if !lim.Stored {
+		for _, path := range duplicateKeys(js) {
+			if !isStepPath(path) {
+				c.add(path, CodeDuplicateKey, "%s is given twice in one object", path)
+			}
+		}
 	}
 	w := &Workflow{Trigger: "api", MaxDuration: DefaultMaxDuration, Enabled: true, index: map[string]*Step{}}
 	var compact bytes.Buffer
@@ -669,16 +676,17 @@ func CleanText(s string) bool { return utf8.ValidString(s) && strings.IndexByte(
 const MaxKeyLen = 255
 
 // ValidKey tells whether k can be an idempotency key: at most MaxKeyLen
-// bytes of UTF-8 text, no control characters, no space at either end. A
-// key sent as an HTTP header loses the spaces at its ends and cannot hold
-// a line break, while one in a JSON body keeps both, so such a key would
-// name one run through the header and another through a batch.
+// bytes of UTF-8 text that an HTTP header carries as it is: no ASCII
+// control character but the tab, and no space or tab at either end. A
+// header loses those at its ends and cannot hold the others, while a JSON
+// body keeps them all, so such a key would name one run through the header
+// and another through a batch.
 func ValidKey(k string) bool {
-	if len(k) > MaxKeyLen || !utf8.ValidString(k) || strings.TrimSpace(k) != k {
+	if len(k) > MaxKeyLen || !utf8.ValidString(k) || strings.Trim(k, " \t") != k {
 		return false
 	}
 	for i := 0; i < len(k); i++ {
-		if c := k[i]; c < 0x20 || c == 0x7f {
+		if c := k[i]; (c < 0x20 && c != '\t') || c == 0x7f {
 			return false
 		}
 	}

@@ -82,6 +82,17 @@ func (c *checkpoints) loop() {
 // host's byte order). A read racing a writer may be off; the next look
 // corrects it.
 func (c *checkpoints) pending() (int64, bool) {
+	// SQLite makes a new -shm when every connection has closed and one
+	// opens again: a descriptor of the old file would read a log that no
+	// longer grows. Closing that one drops no lock that matters (locks
+	// are the file's, and SQLite holds none on a file it unlinked).
+	if c.f != nil {
+		held, err1 := c.f.Stat()
+		cur, err2 := os.Stat(c.shm)
+		if err1 != nil || err2 != nil || !os.SameFile(held, cur) {
+			c.close()
+		}
+	}
 	if c.f == nil {
 		f, err := os.Open(c.shm)
 		if err != nil {

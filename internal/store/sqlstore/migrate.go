@@ -88,8 +88,10 @@ func (s *Store) Migrate(ctx context.Context) error {
 }
 
 // ErrSchemaNewer: the database was migrated by a newer Ferry than this
-// one, whose code would misread what the newer one writes (a rollback, a
-// node left behind in an upgrade).
+// one, which may misread what newer servers write (a node left behind in a
+// rolling upgrade, a rollback). ferry.Open starts all the same, saying so
+// loudly: a rolling upgrade runs old and new servers on one database for a
+// while, and an old one restarting then must not be refused.
 var ErrSchemaNewer = errors.New("the database's schema is newer than this ferry: upgrade ferry")
 
 // ErrNotMigrated: the database has no Ferry schema yet.
@@ -120,8 +122,24 @@ func (s *Store) CheckSchema(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Whether the table is there, asked apart: a failed read (the
+	// database down, no permission) is that error, not "not migrated".
+	exists := `SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'ferry_migrations'`
+	if s.postgres() {
+		exists = `SELECT COUNT(*) FROM pg_catalog.pg_tables WHERE schemaname = current_schema() AND tablename = 'ferry_migrations'`
+	}
+	var n int
+	if err := s.r.QueryRowContext(ctx, exists).Scan(&n); err != nil {
+		return fmt.Errorf("read the schema's version: %w", err)
+	}
+	if n == 0 {
+		return ErrNotMigrated
+	}
 	var top sql.NullInt64
-	if err := s.r.QueryRowContext(ctx, `SELECT MAX(version) FROM ferry_migrations`).Scan(&top); err != nil || !top.Valid {
+	if err := s.r.QueryRowContext(ctx, `SELECT MAX(version) FROM ferry_migrations`).Scan(&top); err != nil {
+		return fmt.Errorf("read the schema's version: %w", err)
+	}
+	if !top.Valid {
 		return ErrNotMigrated
 	}
 	return s.notNewer(ctx, s.r, ms)

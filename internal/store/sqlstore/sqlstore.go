@@ -701,7 +701,11 @@ func (s *Store) DeleteWorkflow(ctx context.Context, ref string) error {
 		return err
 	} else if n == 0 {
 		// Deleted by another request since it was found: that one
-		// deleted it, this one found it gone.
+		// deleted it, this one found it gone, once that delete is on
+		// disk (a crash must not bring back what a 404 said was gone).
+		if err := s.durable(ctx); err != nil {
+			return err
+		}
 		return fmt.Errorf("workflow %q: %w", ref, store.ErrNotFound)
 	}
 	return s.durable(ctx)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/ferryhq/ferry/internal/api"
 	"github.com/ferryhq/ferry/internal/clock"
+	"github.com/ferryhq/ferry/internal/httpwrap"
 	"github.com/ferryhq/ferry/internal/metrics"
 	"github.com/ferryhq/ferry/internal/netguard"
 	"github.com/ferryhq/ferry/internal/runtime"
@@ -61,12 +62,20 @@ type Config struct {
 	Logger     *slog.Logger
 	// Clock replaces the system clock (tests drive timers with a fake).
 	Clock clock.Clock
+	// BodyReadTimeout bounds how long a request's body may take to
+	// arrive, from the request's start (default 30s; negative: no bound).
+	// A client trickling a body otherwise holds a handler for as long as
+	// it likes.
+	BodyReadTimeout time.Duration
 	// TracerProvider receives Ferry's OpenTelemetry spans (API requests,
 	// triggers, HTTP steps' attempts, steps and runs); nil traces nothing.
 	// `ferry server` builds one from the OTEL_* environment variables
 	// (TracerProviderFromEnv).
 	TracerProvider trace.TracerProvider
 }
+
+// DefaultBodyReadTimeout is Config.BodyReadTimeout's default.
+const DefaultBodyReadTimeout = 30 * time.Second
 
 // TracerProviderFromEnv builds the tracer provider the standard
 // OpenTelemetry environment variables describe (a no-op one unless an
@@ -186,7 +195,11 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 		SafetyTick:  cfg.SafetyTick,
 	})
 	srv := api.New(api.Config{Store: st, Runtime: rt, Limits: limits, Logger: cfg.Logger, Metrics: m.Handler()})
-	return &Engine{store: st, rt: rt, api: srv, handler: m.Instrument(tr.Middleware(srv)), log: cfg.Logger, limits: limits}, nil
+	if cfg.BodyReadTimeout == 0 {
+		cfg.BodyReadTimeout = DefaultBodyReadTimeout
+	}
+	handler := httpwrap.BodyDeadline(m.Instrument(tr.Middleware(srv)), cfg.BodyReadTimeout)
+	return &Engine{store: st, rt: rt, api: srv, handler: handler, log: cfg.Logger, limits: limits}, nil
 }
 
 // newMetrics builds an engine's metrics and connects the store's: the

@@ -134,7 +134,7 @@ func (c *Client) ApplyWorkflow(ctx context.Context, name string, def []byte) (wf
 		var doc struct {
 			Name string `json:"name"`
 		}
-		if json.Unmarshal(def, &doc) == nil {
+		if json.Unmarshal(bytes.TrimPrefix(def, []byte("\ufeff")), &doc) == nil { // a byte-order mark, as the server drops it
 			name = doc.Name
 		}
 	}

@@ -502,12 +502,24 @@ func jitter(d time.Duration) time.Duration {
 // executeChain runs a claimed task and then, in the same slot, the tasks
 // its completion handed over (eager dispatch) while the worker runs.
 func (w *Worker) executeChain(ctx, hctx context.Context, ct client.ClaimedTask, claimed time.Time, rep reporters) {
-	next := []client.ClaimedTask{ct}
+	// Each task with the time it was handed over: one that waits behind
+	// another of the same hand-over (a source answering more than asked)
+	// has its lease running from its own hand-over, not from when the one
+	// before it finished, so that stillHeld checks it once half of it
+	// has passed.
+	type handed struct {
+		ct client.ClaimedTask
+		at time.Time
+	}
+	next := []handed{{ct, claimed}}
 	for len(next) > 0 {
-		ct, next = next[0], next[1:]
-		more := w.execute(ctx, hctx, ct, claimed, rep)
-		next = append(next, more...)
-		claimed = time.Now()
+		h := next[0]
+		next = next[1:]
+		more := w.execute(ctx, hctx, h.ct, h.at, rep)
+		now := time.Now()
+		for _, m := range more {
+			next = append(next, handed{m, now})
+		}
 	}
 }
 
@@ -868,9 +880,14 @@ func (w *Worker) beatLoop(ctx context.Context, log taskLog, ct client.ClaimedTas
 
 // report sends a completion or failure, retrying transient failures
 // (network errors, 5xx) with backoff on a fresh context: the outcome of a
-// handler that finished during shutdown is still reported.
+// handler that finished during shutdown is still reported. It retries for
+// as long as a lease lasts, at least reportAttempts times: the task is
+// this worker's until then (heartbeats stopped with the handler), and a
+// server restarting for a few seconds otherwise cost every completion
+// reported meanwhile, and their handlers ran again after the lease.
 func (w *Worker) report(log taskLog, what string, send func(ctx context.Context) error) error {
 	delay := claimBackoffMin
+	start := time.Now()
 	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), reportTimeout)
 		err := send(ctx)
@@ -883,7 +900,7 @@ func (w *Worker) report(log taskLog, what string, send func(ctx context.Context)
 			return nil
 		case what == "complete" && refused(err):
 			return err // failRefused takes it from here
-		case !transient(err) || attempt == reportAttempts:
+		case !transient(err) || (attempt >= reportAttempts && time.Since(start) >= w.cfg.Lease):
 			log.get().Error("report failed; the task will be handed out again when its lease expires", "report", what, "err", err, "attempts", attempt)
 			return err
 		}

@@ -78,6 +78,7 @@ the same file again reports "unchanged". Use -f - to read standard input.`,
 // definitionName reads the top-level name of a JSON or YAML definition, or
 // returns "".
 func definitionName(doc []byte) string {
+	doc = bytes.TrimPrefix(doc, []byte("\ufeff")) // a byte-order mark, as the server drops it
 	var m map[string]any
 	// JSON first; YAML also covers flow-style documents like {name: a}.
 	if json.Unmarshal(doc, &m) != nil {
@@ -123,6 +124,9 @@ fetched; with them one page is shown and the next cursor is printed to
 standard error.`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if cmd.Flags().Changed("limit") && (limit < 1 || limit > 500) {
+				return fmt.Errorf("--limit must be from 1 to 500")
+			}
 			c, err := o.client()
 			if err != nil {
 				return err
@@ -141,7 +145,11 @@ standard error.`,
 				}
 			}
 			if cursor != "" {
-				fmt.Fprintf(cmd.ErrOrStderr(), "more workflows: ferry workflows --limit %d --cursor %s\n", max(limit, 1), cursor)
+				more := "more workflows: ferry workflows"
+				if limit > 0 {
+					more += " --limit " + strconv.Itoa(limit)
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "%s --cursor %s\n", more, cursor)
 			}
 			if o.json() {
 				raws := make([]json.RawMessage, len(wfs))

@@ -223,6 +223,19 @@ func (s *Store) committed(c store.Committed) {
 	}
 }
 
+// notifyRetry is how soon a failed notification is sent again (for
+// everything) when no commit sends one sooner.
+const notifyRetry = time.Second
+
+// signalPub asks publish for a notification (one already asked for
+// covers it).
+func (s *Store) signalPub() {
+	select {
+	case s.pub <- struct{}{}:
+	default:
+	}
+}
+
 // publish sends NOTIFY after commits, outside their transactions: a NOTIFY
 // inside a transaction serialises every notifying commit on Postgres's
 // notification lock, and one per commit woke every node for each step.
@@ -302,8 +315,11 @@ func (s *Store) publish() {
 		}
 		if !sent {
 			// What it carried is not lost: the next notification wakes
-			// the others for everything.
+			// the others for everything, and the next comes within a
+			// second even if this node commits nothing more (a hello
+			// would not do: it wakes nothing).
 			s.everything.Store(true)
+			time.AfterFunc(notifyRetry, s.signalPub)
 		}
 	}
 }

@@ -175,3 +175,21 @@ func TestFailedNotificationWakesEverythingNext(t *testing.T) {
 	}
 	waitFor(t, heard, a.node) // the id alone: a wake-up for everything
 }
+
+// TestFailedNotificationIsSentAgainUnasked: after a NOTIFY fails, the
+// wake-up for everything goes out within about a second even when the
+// node commits nothing more (a hello would not do: it wakes nothing).
+// (Found by an audit: it waited for the node's next commit.)
+func TestFailedNotificationIsSentAgainUnasked(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	a := openNode(t, dsn) // never listens: it is not alone, and notifies
+	if err := a.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	heard := rawListener(t, dsn, a.scope)
+	a.readyMu.Lock()
+	a.ready = peerReady{tasks: true, types: []string{strings.Repeat("x", 9000)}}
+	a.readyMu.Unlock()
+	a.pub <- struct{}{}
+	waitFor(t, heard, a.node) // the id alone: a wake-up for everything, unasked
+}

@@ -124,7 +124,7 @@ fetched; with them one page is shown and the next cursor is printed to
 standard error.`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if cmd.Flags().Changed("limit") && (limit < 1 || limit > 500) {
+			if cmd.Flags().Changed("limit") && limit < 1 { // above 500 the server says so
 				return fmt.Errorf("--limit must be from 1 to 500")
 			}
 			c, err := o.client()

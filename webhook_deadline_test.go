@@ -108,6 +108,13 @@ func TestCallbackAfterItsDeadlineIsRefused(t *testing.T) {
 			if code, ec := w.call("ship"); code != http.StatusConflict || ec != "step_finished" {
 				t.Errorf("callback after the run's max_duration: %d %s, want 409 step_finished (as once the expiry cancels the step)", code, ec)
 			}
+			// The caller holds a token, not the API key: the answer names
+			// the step, not the run.
+			rec := httptest.NewRecorder()
+			w.eng.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/wh/"+w.tokens["ship"], strings.NewReader(`{}`)))
+			if strings.Contains(rec.Body.String(), w.run) {
+				t.Errorf("the webhook's answer names the run: %s", rec.Body)
+			}
 			unchanged("after the refused callback past max_duration")
 		})
 	}

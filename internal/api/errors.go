@@ -104,6 +104,10 @@ func (s *Server) describeErr(r *http.Request, err error, attrs ...any) (int, Err
 		// The workflow changed under four trigger attempts in a row.
 		return e(http.StatusConflict, CodeConflict, err.Error())
 	}
-	s.log.Error("request failed", append([]any{"method", r.Method, "path", r.URL.Path, "err", err}, attrs...)...)
+	path := r.URL.Path
+	if strings.HasPrefix(path, "/wh/") {
+		path = "/wh/REDACTED" // a callback token is its caller's credential
+	}
+	s.log.Error("request failed", append([]any{"method", r.Method, "path", path, "err", err}, attrs...)...)
 	return e(http.StatusInternalServerError, CodeInternal, "internal error")
 }

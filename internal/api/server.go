@@ -60,7 +60,9 @@ type Server struct {
 	metrics http.Handler
 
 	keyMu sync.RWMutex
-	keys  map[string]bool // verified key hashes
+	keys  map[string]time.Time // verified key hashes, and when
+	// keyTTL is keyRecheck (tests shorten it).
+	keyTTL time.Duration
 }
 
 // New builds the API server.
@@ -71,7 +73,7 @@ func New(cfg Config) *Server {
 	if cfg.Limits == (spec.Limits{}) {
 		cfg.Limits = spec.DefaultLimits
 	}
-	s := &Server{st: cfg.Store, rt: cfg.Runtime, limits: cfg.Limits, log: cfg.Logger, mux: http.NewServeMux(), metrics: cfg.Metrics, keys: map[string]bool{}}
+	s := &Server{st: cfg.Store, rt: cfg.Runtime, limits: cfg.Limits, log: cfg.Logger, mux: http.NewServeMux(), metrics: cfg.Metrics, keys: map[string]time.Time{}, keyTTL: keyRecheck}
 	s.routes()
 	return s
 }
@@ -203,23 +205,31 @@ func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
+// keyRecheck is how long a verified key is taken as valid before the
+// database is asked again: a key whose row was deleted (how a key is
+// revoked) stops working within it, on every server.
+const keyRecheck = 30 * time.Second
+
 func (s *Server) checkKey(ctx context.Context, key string) (bool, error) {
 	hash := HashKey(key)
 	s.keyMu.RLock()
-	for k := range s.keys {
-		if subtle.ConstantTimeCompare([]byte(k), []byte(hash)) == 1 {
+	for k, at := range s.keys {
+		if subtle.ConstantTimeCompare([]byte(k), []byte(hash)) == 1 && time.Since(at) < s.keyTTL {
 			s.keyMu.RUnlock()
 			return true, nil
 		}
 	}
 	s.keyMu.RUnlock()
 	ok, err := s.st.APIKeyExists(ctx, hash)
+	s.keyMu.Lock()
+	defer s.keyMu.Unlock()
 	if err != nil || !ok {
+		if err == nil {
+			delete(s.keys, hash) // revoked
+		}
 		return false, err
 	}
-	s.keyMu.Lock()
-	s.keys[hash] = true
-	s.keyMu.Unlock()
+	s.keys[hash] = time.Now()
 	return true, nil
 }
 

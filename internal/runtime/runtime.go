@@ -909,7 +909,9 @@ func (r *Runtime) DeliverWebhook(ctx context.Context, token string, payload []by
 			return fmt.Errorf("step %s is %s and no longer accepts callbacks: %w", name, s.Status, ErrStepFinished)
 		}
 		if status.RunTerminal(run.Status) {
-			return fmt.Errorf("run %s is %s: %w", runID, run.Status, ErrRunFinished)
+			// The run's id stays out: the caller of a callback URL holds
+			// a token, not the API key.
+			return fmt.Errorf("step %s: its run is %s: %w", name, run.Status, ErrRunFinished)
 		}
 		// Past a deadline whose timer has not fired yet (a backlog, a
 		// restart after downtime): the callback came too late, as it
@@ -920,7 +922,7 @@ func (r *Runtime) DeliverWebhook(ctx context.Context, token string, payload []by
 		if !run.ExpiresAt.IsZero() && !now.Before(run.ExpiresAt) {
 			// As once the expiry is applied: the run's unfinished steps
 			// are cancelled, so the step no longer accepts a callback.
-			return fmt.Errorf("step %s: run %s exceeded max_duration at %s and no longer accepts callbacks: %w", name, runID, run.ExpiresAt.UTC().Format(time.RFC3339), ErrStepFinished)
+			return fmt.Errorf("step %s: its run exceeded max_duration at %s, and the step no longer accepts callbacks: %w", name, run.ExpiresAt.UTC().Format(time.RFC3339), ErrStepFinished)
 		}
 		ch := &changes{now: now, runID: runID, offer: of}
 		s.Body, s.Headers = payload, headers

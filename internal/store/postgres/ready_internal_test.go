@@ -158,16 +158,7 @@ func TestPeerNotificationForms(t *testing.T) {
 // payload over Postgres's limit), what it carried is not lost: the node's
 // next notification wakes the others for everything.
 func TestFailedNotificationWakesEverythingNext(t *testing.T) {
-	dsn := pgtest.DSN(t)
-	a := openNode(t, dsn) // never listens: it is not alone, and notifies
-	if err := a.Migrate(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	heard := rawListener(t, dsn, a.scope)
-	a.readyMu.Lock()
-	a.ready = peerReady{tasks: true, types: []string{strings.Repeat("x", 9000)}}
-	a.readyMu.Unlock()
-	a.pub <- struct{}{}
+	a, heard := failOneNotification(t)
 	poll(t, "the failed notification to be remembered", a.everything.Load)
 	now := time.Now()
 	if _, _, err := a.CreateTask(t.Context(), &store.Task{Type: "fail.next.v1", Payload: json.RawMessage(`{}`), Status: status.TaskPending, Priority: 100, RunAt: now}, now); err != nil {
@@ -181,8 +172,17 @@ func TestFailedNotificationWakesEverythingNext(t *testing.T) {
 // node commits nothing more (a hello would not do: it wakes nothing).
 // (Found by an audit: it waited for the node's next commit.)
 func TestFailedNotificationIsSentAgainUnasked(t *testing.T) {
+	a, heard := failOneNotification(t)
+	waitFor(t, heard, a.node) // the id alone: a wake-up for everything, unasked
+}
+
+// failOneNotification has a node (not listening: it is not alone, and
+// notifies) send a notification Postgres refuses (a payload over its
+// limit), and returns it with a listener of its schema's channel.
+func failOneNotification(t *testing.T) (*Store, <-chan string) {
+	t.Helper()
 	dsn := pgtest.DSN(t)
-	a := openNode(t, dsn) // never listens: it is not alone, and notifies
+	a := openNode(t, dsn)
 	if err := a.Migrate(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -191,5 +191,5 @@ func TestFailedNotificationIsSentAgainUnasked(t *testing.T) {
 	a.ready = peerReady{tasks: true, types: []string{strings.Repeat("x", 9000)}}
 	a.readyMu.Unlock()
 	a.pub <- struct{}{}
-	waitFor(t, heard, a.node) // the id alone: a wake-up for everything, unasked
+	return a, heard
 }

@@ -2,6 +2,6 @@
 // bearer-key auth and {"data": ...} envelopes), webhook callbacks at
 // /wh/{token}, /healthz, and the OpenAPI document that describes them.
 //
-// It imports runtime, spec, store and status; it must not import cli or any
-// storage backend package.
+// It imports runtime, spec, store, status and httpwrap; it must not import
+// cli or any storage backend package.
 package api

@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"errors"
+	"github.com/ferryhq/ferry/internal/httpwrap"
 	"net/http"
 	"strings"
 
@@ -104,10 +105,6 @@ func (s *Server) describeErr(r *http.Request, err error, attrs ...any) (int, Err
 		// The workflow changed under four trigger attempts in a row.
 		return e(http.StatusConflict, CodeConflict, err.Error())
 	}
-	path := r.URL.Path
-	if strings.HasPrefix(path, "/wh/") {
-		path = "/wh/REDACTED" // a callback token is its caller's credential
-	}
-	s.log.Error("request failed", append([]any{"method", r.Method, "path", path, "err", err}, attrs...)...)
+	s.log.Error("request failed", append([]any{"method", r.Method, "path", httpwrap.RedactPath(r.URL.Path), "err", err}, attrs...)...)
 	return e(http.StatusInternalServerError, CodeInternal, "internal error")
 }

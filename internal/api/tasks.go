@@ -259,8 +259,9 @@ func (s *Server) createTask(w http.ResponseWriter, r *http.Request) {
 	case req.MaxAttempts < 0 || req.MaxAttempts > 100:
 		badField(w, "max_attempts", "max_attempts must be from 1 to 100")
 		return
-	case checkIdempotencyKey(req.IdempotencyKey) != "":
-		badField(w, "idempotency_key", checkIdempotencyKey(req.IdempotencyKey))
+	}
+	if msg := checkIdempotencyKey(req.IdempotencyKey); msg != "" {
+		badField(w, "idempotency_key", msg)
 		return
 	}
 	if len(req.Payload) > 0 && !json.Valid(req.Payload) {

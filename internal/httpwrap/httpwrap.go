@@ -1,6 +1,9 @@
 package httpwrap
 
-import "net/http"
+import (
+	"net/http"
+	"strings"
+)
 
 // StatusWriter remembers the status code written (200 until one is).
 type StatusWriter struct {
@@ -32,3 +35,13 @@ func (w *StatusWriter) Write(b []byte) (int, error) {
 // Unwrap lets http.ResponseController reach the connection's writer
 // (flushes, deadlines).
 func (w *StatusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// RedactPath is a request's path as logs and spans may show it: a
+// webhook's (/wh/<token>) without its callback token, which is its
+// caller's credential.
+func RedactPath(p string) string {
+	if strings.HasPrefix(p, "/wh/") {
+		return "/wh/REDACTED"
+	}
+	return p
+}

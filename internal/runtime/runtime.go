@@ -81,9 +81,12 @@ type Runtime struct {
 	runTraces  sync.Map
 	runTracesN atomic.Int64
 	types      sync.Map // task type -> cachedType
-	wake       chan struct{}
-	freed      chan struct{} // a processing slot came free
-	sem        chan struct{}
+	// exhaustedFn is exhausted as a func value, made once rather than a
+	// claim (store.ClaimTasks.Exhausted).
+	exhaustedFn func(*store.Task) bool
+	wake        chan struct{}
+	freed       chan struct{} // a processing slot came free
+	sem         chan struct{}
 	// planned is when the dispatcher will next look at the queue (Unix
 	// ns; MaxInt64 while it is deciding): commits that queue something
 	// due earlier wake it, others need not.
@@ -177,6 +180,7 @@ func New(cfg Config) *Runtime {
 		r.reports.coalesce(flushWindow, flushSize)
 	}
 	r.planned.Store(math.MaxInt64)
+	r.exhaustedFn = r.exhausted
 	cfg.Store.OnCommit(r.committed)
 	return r
 }

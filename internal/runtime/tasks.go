@@ -272,7 +272,7 @@ func (r *Runtime) claimTasks(ctx context.Context, req ClaimRequest, again int) (
 	for {
 		sig := r.taskSignal()
 		now := r.clk.Now()
-		c, err := r.st.ClaimOrNext(ctx, store.ClaimTasks{Patterns: req.Types, WorkerID: req.WorkerID, Lease: req.Lease, Max: req.Max, Now: now, Exhausted: r.exhausted(ctx)})
+		c, err := r.st.ClaimOrNext(ctx, store.ClaimTasks{Patterns: req.Types, WorkerID: req.WorkerID, Lease: req.Lease, Max: req.Max, Now: now, Exhausted: r.exhaustedFn})
 		if err != nil {
 			return nil, err
 		}
@@ -410,22 +410,20 @@ func (r *Runtime) release(ctx context.Context, ts []*store.Task, reason string) 
 // writer), so it reads no registry: a task's own max_attempts, else its
 // type's as cached, else it answers no and the claim leases the task;
 // dropExhausted then fails it after the commit, as before this check.
-func (r *Runtime) exhausted(context.Context) func(*store.Task) bool {
-	return func(t *store.Task) bool {
-		maxAttempts := t.MaxAttempts
-		if maxAttempts == 0 {
-			v, ok := r.types.Load(t.Type)
-			if !ok {
-				return false
-			}
-			if tt := v.(cachedType).tt; tt != nil && tt.MaxAttempts > 0 {
-				maxAttempts = tt.MaxAttempts
-			} else {
-				maxAttempts = DefaultTaskMaxAttempts
-			}
+func (r *Runtime) exhausted(t *store.Task) bool {
+	maxAttempts := t.MaxAttempts
+	if maxAttempts == 0 {
+		v, ok := r.types.Load(t.Type)
+		if !ok {
+			return false
 		}
-		return t.Attempt >= maxAttempts
+		if tt := v.(cachedType).tt; tt != nil && tt.MaxAttempts > 0 {
+			maxAttempts = tt.MaxAttempts
+		} else {
+			maxAttempts = DefaultTaskMaxAttempts
+		}
 	}
+	return t.Attempt >= maxAttempts
 }
 
 // waitLeft is what is left of a claim's wait until deadline: none when

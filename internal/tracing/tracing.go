@@ -79,7 +79,7 @@ func (t *Tracer) Middleware(next http.Handler) http.Handler {
 		ctx := t.prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 		ctx, span := t.t.Start(ctx, r.Method, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(
 			attribute.String("http.request.method", r.Method),
-			attribute.String("url.path", redactPath(r.URL.Path)),
+			attribute.String("url.path", httpwrap.RedactPath(r.URL.Path)),
 		))
 		sw := httpwrap.NewStatusWriter(w)
 		r2 := r.WithContext(ctx)
@@ -185,15 +185,6 @@ func lookup(h map[string]string, key string) (string, bool) {
 		}
 	}
 	return "", false
-}
-
-// redactPath is a request's path without a callback token, which is the
-// credential of a webhook's caller (/wh/<token>).
-func redactPath(p string) string {
-	if strings.HasPrefix(p, "/wh/") {
-		return "/wh/REDACTED"
-	}
-	return p
 }
 
 // headerCarrier reads a run's trigger headers whatever their keys' case.

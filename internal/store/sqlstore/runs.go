@@ -689,25 +689,72 @@ func (s *Store) ListEvents(ctx context.Context, owner string, afterSeq int64, li
 }
 
 // unpackEvents reads the events packed in a row (eventRow.rowJSON's: a
-// task's row or an events row's earlier) numbered after afterSeq.
+// task's or run's row or an events row's earlier) numbered after
+// afterSeq, in either form rows hold them (see rowJSON).
 func unpackEvents(owner, packed string, afterSeq int64) ([]*store.Event, error) {
-	var evs []struct {
-		Seq  int64           `json:"seq"`
-		Type string          `json:"type"`
-		Step string          `json:"step"`
-		Data json.RawMessage `json:"data"`
-		At   int64           `json:"at"`
-	}
-	if err := json.Unmarshal([]byte("["+strings.TrimPrefix(packed, ",")+"]"), &evs); err != nil {
+	var elems []json.RawMessage
+	if err := json.Unmarshal([]byte("["+strings.TrimPrefix(packed, ",")+"]"), &elems); err != nil {
 		return nil, fmt.Errorf("events of %s: %w", owner, err)
 	}
 	var out []*store.Event
-	for _, e := range evs {
+	for _, raw := range elems {
+		e, err := rowEvent(raw)
+		if err != nil {
+			return nil, fmt.Errorf("events of %s: %w", owner, err)
+		}
 		if e.Seq > afterSeq {
-			out = append(out, &store.Event{RunID: owner, Seq: e.Seq, Type: e.Type, Step: e.Step, Data: e.Data, At: fromTS(e.At)})
+			e.RunID = owner
+			out = append(out, e)
 		}
 	}
 	return out, nil
+}
+
+// rowEvent decodes one event of a row: [seq,"type",at], then the step
+// (when a string) and the data (see rowJSON), or the object form rows
+// held before migration 18.
+func rowEvent(raw json.RawMessage) (*store.Event, error) {
+	var e store.Event
+	var at int64
+	if raw[0] != '[' {
+		var o struct {
+			Seq  int64           `json:"seq"`
+			Type string          `json:"type"`
+			Step string          `json:"step"`
+			Data json.RawMessage `json:"data"`
+			At   int64           `json:"at"`
+		}
+		if err := json.Unmarshal(raw, &o); err != nil {
+			return nil, err
+		}
+		e.Seq, e.Type, e.Step, e.Data, at = o.Seq, o.Type, o.Step, o.Data, o.At
+	} else {
+		var f []json.RawMessage
+		if err := json.Unmarshal(raw, &f); err != nil {
+			return nil, err
+		}
+		if len(f) < 3 || len(f) > 5 {
+			return nil, fmt.Errorf("an event of %d fields: %.40s", len(f), raw)
+		}
+		rest := f[3:]
+		if len(rest) > 0 && rest[0][0] == '"' {
+			if err := json.Unmarshal(rest[0], &e.Step); err != nil {
+				return nil, err
+			}
+			rest = rest[1:]
+		}
+		if len(rest) > 1 {
+			return nil, fmt.Errorf("an event with data before its step: %.40s", raw)
+		}
+		if len(rest) == 1 {
+			e.Data = rest[0]
+		}
+		if err := errors.Join(json.Unmarshal(f[0], &e.Seq), json.Unmarshal(f[1], &e.Type), json.Unmarshal(f[2], &at)); err != nil {
+			return nil, err
+		}
+	}
+	e.At = fromTS(at)
+	return &e, nil
 }
 
 // StepByToken finds a webhook step by its callback token. A step with a

@@ -75,9 +75,10 @@ func taskInsertArgs(t *store.Task) []any {
 	if createdLeased(t) {
 		seq = 2
 	}
-	return []any{t.ID, t.Type, string(t.Payload), t.Status, t.Priority, ts(t.RunAt), nullStr(t.IdempotencyKey), t.Attempt, t.MaxAttempts, t.RetryDelay.Milliseconds(),
+	// Room for the row's events, which flushParts appends (see newRun).
+	return append(make([]any, 0, 24), t.ID, t.Type, string(t.Payload), t.Status, t.Priority, ts(t.RunAt), nullStr(t.IdempotencyKey), t.Attempt, t.MaxAttempts, t.RetryDelay.Milliseconds(),
 		t.LeasedBy, nullStr(t.LeaseToken), tsPtr(t.LeaseUntil), t.Reclaimed, t.CancelRequested, t.LastError, nullJSON(t.Result), nullStr(t.RunID), t.Step,
-		ts(t.CreatedAt), ts(t.UpdatedAt), tsPtr(t.FinishedAt), seq}
+		ts(t.CreatedAt), ts(t.UpdatedAt), tsPtr(t.FinishedAt), seq)
 }
 
 func createdData(t *store.Task) string {

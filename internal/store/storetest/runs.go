@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -26,6 +28,7 @@ var runTests = []test{
 	{"RunEventsFirstInTheRunRow", testRunEventsInRow},
 	{"LongRunEventsInTheEventsTable", testLongRunEvents},
 	{"RunEventsWrittenBeforeTheRowHeldThem", testRunEventsLegacy},
+	{"EventsByPositionAndAsObjects", testEventsByPosition},
 	{"StepByToken", testStepByToken},
 	{"CallbackTokenUnique", testCallbackTokenUnique},
 	{"CountRunsByStatus", testCountRuns},
@@ -644,7 +647,7 @@ func testRunEventsInRow(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	var inRow string
 	must(t, raw.QueryRowContext(ctx, fmt.Sprintf(`SELECT events FROM runs WHERE id = '%s'`, r.ID)).Scan(&inRow), "read the run's row")
-	diff(t, "events in the run's row", 8, strings.Count(inRow, `{"seq":`))
+	diff(t, "events in the run's row", 8, strings.Count(inRow, `,[`))
 	var minSeq, rows int64
 	must(t, raw.QueryRowContext(ctx, fmt.Sprintf(`SELECT COALESCE(MIN(seq), 0), COUNT(*) FROM events WHERE run_id = '%s'`, r.ID)).Scan(&minSeq, &rows), "read the events table")
 	if rows == 0 || minSeq <= 8 {
@@ -720,4 +723,95 @@ func appendNineEvents(t *testing.T, s store.Store, runID string) {
 			diff(t, fmt.Sprintf("page after %d, limit %d", after, lim), seqs(all[after:min(after+lim, len(all))]), seqs(got))
 		}
 	}
+}
+
+// testEventsByPosition: events in rows (a run's, a task's, and the earlier
+// events an events row packs) are written by position (migration 18), with
+// every shape of step and data, and read back as they were given; rows
+// holding objects, as they were written before, or both forms, read the
+// same; and the migration's down script turns a database back into
+// objects only, the log unchanged.
+func testEventsByPosition(t *testing.T, s store.Store) {
+	raw := rawDB(t, s)
+	ctx := t.Context()
+	wf := mkWorkflow(t, s, "wf")
+	given := []store.NewEvent{
+		{Type: "run_started", Data: map[string]any{"version": 1}},
+		{Type: "step_started", Step: "a", Data: map[string]any{"task_id": "k", "list": []any{1, []any{2}}}},
+		{Type: "plain"},
+		{Type: "step_only", Step: "b"},
+		{Type: "string_data", Data: "a \"quoted\" [string]"},
+		{Type: "string_data_step", Step: "c", Data: "s"},
+		{Type: "null_data", Data: store.EventJSON(`null`)},
+		{Type: "number_data", Step: "d", Data: 7},
+	}
+	r := mkRun(t, s, &store.NewRun{Run: baseRun(wf, ""), Events: given[:2]})
+	// Past the row's eight: the rest go to the events table, packed.
+	more := append(slices.Clone(given[2:]), given...)
+	inRun(t, s, r.ID, at(time.Second), func(tx store.RunTx) error { return tx.Append(more...) })
+	task := mkTask(t, s, newTask("pos.x.v1", t0), t0)
+	claimTasks(t, s, []string{"pos.%"}, "w", t0, time.Hour, 1)
+	must(t, s.InTask(ctx, task.ID, t0, func(tx store.TaskTx) error {
+		return tx.AppendTask(given[4:]...)
+	}), "InTask")
+
+	runLog, taskLog := events(t, s, r.ID), events(t, s, task.ID)
+	all := append(slices.Clone(given[:2]), more...)
+	diff(t, "run log length", len(all), len(runLog))
+	for i, e := range runLog {
+		want := all[i]
+		var data string
+		switch d := want.Data.(type) {
+		case nil:
+		case store.EventJSON:
+			data = string(d)
+		default:
+			b, err := json.Marshal(d)
+			must(t, err, "encode")
+			data = string(b)
+		}
+		if e.Seq != int64(i+1) || e.Type != want.Type || e.Step != want.Step || string(e.Data) != data {
+			t.Errorf("event %d = {%d %s %q %s}, want {%d %s %q %s}", i, e.Seq, e.Type, e.Step, e.Data, i+1, want.Type, want.Step, data)
+		}
+	}
+	diff(t, "task log types", []string{"created", "claimed", "string_data", "string_data_step", "null_data", "number_data"}, eventTypes(taskLog))
+
+	var runRow, taskRow, earlier string
+	must(t, raw.QueryRowContext(ctx, fmt.Sprintf(`SELECT events FROM runs WHERE id = '%s'`, r.ID)).Scan(&runRow), "read the run's row")
+	must(t, raw.QueryRowContext(ctx, fmt.Sprintf(`SELECT events FROM tasks WHERE id = '%s'`, task.ID)).Scan(&taskRow), "read the task's row")
+	must(t, raw.QueryRowContext(ctx, fmt.Sprintf(`SELECT MAX(earlier) FROM events WHERE run_id = '%s'`, r.ID)).Scan(&earlier), "read the events table")
+	for name, row := range map[string]string{"run row": runRow, "task row": strings.TrimPrefix(taskRow, "~"), "packed events": earlier} {
+		if !strings.HasPrefix(row, ",[") || strings.Contains(row, `{"seq":`) {
+			t.Errorf("%s = %s, want events by position", name, row)
+		}
+	}
+
+	// The run's first events as objects, as rows before migration 18
+	// held them, the rest by position: one row, both forms.
+	legacy := fmt.Sprintf(`,{"seq":1,"type":"run_started","data":{"version":1},"at":%d},{"seq":2,"type":"step_started","step":"a","data":%s,"at":%d}`,
+		t0.UnixMicro(), runLog[1].Data, t0.UnixMicro())
+	rest := runRow[strings.Index(runRow, ",[3,"):]
+	_, err := raw.ExecContext(ctx, fmt.Sprintf(`UPDATE runs SET events = '%s' WHERE id = '%s'`, strings.ReplaceAll(legacy+rest, "'", "''"), r.ID))
+	must(t, err, "write the mixed row")
+	diff(t, "the log from a row of both forms", runLog, events(t, s, r.ID))
+
+	// The down script (a Ferry from before migration 18 reads objects only).
+	down, err := os.ReadFile(filepath.Join("..", "sqlstore", "migrations", s.Dialect(), "0018_positional_events.down.sql"))
+	must(t, err, "read the down script")
+	_, err = raw.ExecContext(ctx, string(down))
+	must(t, err, "run the down script")
+	must(t, raw.QueryRowContext(ctx, fmt.Sprintf(`SELECT events FROM runs WHERE id = '%s'`, r.ID)).Scan(&runRow), "read the run's row")
+	must(t, raw.QueryRowContext(ctx, fmt.Sprintf(`SELECT events FROM tasks WHERE id = '%s'`, task.ID)).Scan(&taskRow), "read the task's row")
+	must(t, raw.QueryRowContext(ctx, fmt.Sprintf(`SELECT MAX(earlier) FROM events WHERE run_id = '%s'`, r.ID)).Scan(&earlier), "read the events table")
+	if !strings.HasPrefix(taskRow, "~,{") {
+		t.Errorf("task row after the down script = %s, want its created event still implied (~) and objects", taskRow)
+	}
+	for name, row := range map[string]string{"run row": runRow, "task row": strings.TrimPrefix(taskRow, "~"), "packed events": earlier} {
+		var elems []map[string]json.RawMessage
+		if err := json.Unmarshal([]byte("["+strings.TrimPrefix(row, ",")+"]"), &elems); err != nil {
+			t.Errorf("%s after the down script = %s: not objects: %v", name, row, err)
+		}
+	}
+	diff(t, "the run's log after the down script", runLog, events(t, s, r.ID))
+	diff(t, "the task's log after the down script", taskLog, events(t, s, task.ID))
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -16,7 +17,8 @@ import (
 )
 
 // TestSchemaNewerOrMissing: a server does not start without migrating on
-// a database never migrated (it says so); on a database a newer Ferry
+// a database never migrated, nor on one an older Ferry migrated (it says
+// so: its statements need the missing migrations' columns); on a database a newer Ferry
 // migrated (a node left behind in a rolling upgrade) it starts, whether
 // it migrates on start or not, and says loudly that it is older than the
 // schema. (An audit found it silent; refusing would crash-loop an old
@@ -52,8 +54,25 @@ func TestSchemaNewerOrMissing(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			db := st.(interface{ DB() *sql.DB }).DB()
+			// As an older Ferry left it: its last migration not applied
+			// (an upgrade whose ferry migrate has not run yet).
+			var last int
+			var name string
+			if err := db.QueryRow(`SELECT version, name FROM ferry_migrations ORDER BY version DESC LIMIT 1`).Scan(&last, &name); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.Exec(fmt.Sprintf(`DELETE FROM ferry_migrations WHERE version = %d`, last)); err != nil {
+				t.Fatal(err)
+			}
+			if err := open(false); !errors.Is(err, sqlstore.ErrSchemaOlder) || !strings.Contains(err.Error(), fmt.Sprintf("database at migration %d, this ferry needs %d", last-1, last)) {
+				t.Errorf("older schema, opened without migrating: %v, want ErrSchemaOlder naming both numbers", err)
+			}
+			if _, err := db.Exec(fmt.Sprintf(`INSERT INTO ferry_migrations (version, name) VALUES (%d, '%s')`, last, name)); err != nil {
+				t.Fatal(err)
+			}
 			// A migration from a later version of Ferry.
-			_, err = st.(interface{ DB() *sql.DB }).DB().Exec(`INSERT INTO ferry_migrations (version, name) VALUES (9999, '9999_from_the_future.up.sql')`)
+			_, err = db.Exec(`INSERT INTO ferry_migrations (version, name) VALUES (9999, '9999_from_the_future.up.sql')`)
 			st.Close()
 			if err != nil {
 				t.Fatal(err)

@@ -97,6 +97,12 @@ var ErrSchemaNewer = errors.New("the database's schema is newer than this ferry:
 // ErrNotMigrated: the database has no Ferry schema yet.
 var ErrNotMigrated = errors.New("the database is not migrated: run ferry migrate, or start the server with --migrate")
 
+// ErrSchemaOlder: the database lacks migrations this Ferry knows (an older
+// Ferry migrated it, and ferry migrate has not run since). This binary's
+// statements need its migrations' columns: started on it, it failed
+// every trigger and step for a missing column.
+var ErrSchemaOlder = errors.New("the database's schema is older than this ferry: run ferry migrate, or start the server with --migrate")
+
 // notNewer refuses a database holding migrations this binary does not
 // know.
 func (s *Store) notNewer(ctx context.Context, db interface {
@@ -113,10 +119,9 @@ func (s *Store) notNewer(ctx context.Context, db interface {
 }
 
 // CheckSchema tells, without changing anything, whether this binary can
-// work on the database: migrated (ErrNotMigrated), and not by a newer
-// Ferry (ErrSchemaNewer). Migrations this binary knows but the database
-// lacks are not checked: a server started without migrating is trusted
-// to have had them applied.
+// work on the database: migrated (ErrNotMigrated), with every migration
+// this binary knows (ErrSchemaOlder), and not by a newer Ferry
+// (ErrSchemaNewer).
 func (s *Store) CheckSchema(ctx context.Context) error {
 	ms, err := loadMigrations(s.d.Name)
 	if err != nil {
@@ -141,6 +146,9 @@ func (s *Store) CheckSchema(ctx context.Context) error {
 	}
 	if !top.Valid {
 		return ErrNotMigrated
+	}
+	if known := ms[len(ms)-1].version; int(top.Int64) < known {
+		return fmt.Errorf("%w (database at migration %d, this ferry needs %d)", ErrSchemaOlder, top.Int64, known)
 	}
 	return s.notNewer(ctx, s.r, ms)
 }

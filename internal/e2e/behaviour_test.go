@@ -7,6 +7,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/internal/ferrytest"
 )
 
 func TestRetriesWithBackoffThenSuccess(t *testing.T) {
@@ -316,4 +319,53 @@ func TestEmptyResponseBodyThenSleep(t *testing.T) {
 			t.Errorf("step a: status %v, status_code %v; want success, 204", a["status"], a["status_code"])
 		}
 	})
+}
+
+// TestRunTimesNeverGoBack: the steps of a wide run finish at once, and
+// their outcomes queue for the run's lock, each having read the clock
+// before it waited. Each is recorded at a time not before the outcome
+// recorded ahead of it: the event log's times never go back, and the run
+// never finishes before one of its steps (on the real clock: a fake one
+// would hide it).
+func TestRunTimesNeverGoBack(t *testing.T) {
+	backends(t, func(t *testing.T, db string) {
+		up := newUpstream(t)
+		srv := ferrytest.Start(t, func(c *ferry.Config) { c.Database = db })
+		e := &env{t: t, eng: srv.Engine, url: srv.URL, up: up}
+		var steps []string
+		for i := range 40 {
+			steps = append(steps, fmt.Sprintf(`"s%d": {"url": "%s/ok"}`, i, up.URL))
+		}
+		e.createWorkflow(`{"name": "wide", "tasks": {` + strings.Join(steps, ", ") + `}}`)
+		var ids []string
+		for range 3 {
+			ids = append(ids, e.trigger("wide", `{}`))
+		}
+		for _, id := range ids {
+			run := e.waitFor(id, "run finished", func(r map[string]any) bool { return r["finished_at"] != nil })
+			finished := mustTime(t, run["finished_at"])
+			for name, st := range run["tasks"].(map[string]any) {
+				if f := mustTime(t, st.(map[string]any)["finished_at"]); f.After(finished) {
+					t.Errorf("run %s: step %s finished at %v, after its run (%v)", id, name, f, finished)
+				}
+			}
+			evs := e.mustCall(200, "GET", "/api/v1/runs/"+id+"/events", nil)["data"].([]any)
+			for i := 1; i < len(evs); i++ {
+				prev, ev := evs[i-1].(map[string]any), evs[i].(map[string]any)
+				if mustTime(t, ev["at"]).Before(mustTime(t, prev["at"])) {
+					t.Errorf("run %s: event %v (%v) at %v is before event %v at %v", id, ev["seq"], ev["type"], ev["at"], prev["seq"], prev["at"])
+				}
+			}
+		}
+	})
+}
+
+func mustTime(t *testing.T, v any) time.Time {
+	t.Helper()
+	s, _ := v.(string)
+	at, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		t.Fatalf("time %v: %v", v, err)
+	}
+	return at
 }

@@ -153,7 +153,7 @@ func (r *Runtime) process(ctx context.Context, it *store.QueueItem) {
 // applied says the timer changed its step: a wait's timeout whose
 // callback came first, or a timer of a run that ended, changes nothing.
 func (r *Runtime) timerTx(ctx context.Context, tx store.RunTx, it *store.QueueItem, from, to, event, msg string, of *offer) (applied bool, err error) {
-	now := r.clk.Now()
+	now := tx.Now()
 	s := tx.Step(it.Step)
 	ch := &changes{now: now, runID: it.RunID, offer: of}
 	if s != nil && s.Status == from && !status.RunTerminal(tx.Run().Status) {
@@ -168,7 +168,7 @@ func (r *Runtime) timerTx(ctx context.Context, tx store.RunTx, it *store.QueueIt
 // expireTx ends a run that reached max_duration; applied false: the run
 // had already ended.
 func (r *Runtime) expireTx(ctx context.Context, tx store.RunTx) (applied bool, err error) {
-	now := r.clk.Now()
+	now := tx.Now()
 	run := tx.Run()
 	if status.RunTerminal(run.Status) {
 		return false, nil
@@ -281,12 +281,14 @@ func (r *Runtime) runHTTP(ctx context.Context, it *store.QueueItem) error {
 	} else {
 		r.cfg.Observer.HTTPAttempt(attemptOutcome(res), res.Duration)
 	}
-	now := r.clk.Now()
 	of := r.newOffer()
-	err = r.st.InRun(ctx, it.RunID, now, func(tx store.RunTx) error {
+	err = r.st.InRun(ctx, it.RunID, r.clk.Now(), func(tx store.RunTx) error {
 		if err := tx.Dequeue(it.ID, it.LeaseToken); err != nil {
 			return err
 		}
+		// The clock was read before the run's lock was taken: another
+		// outcome may have been recorded since, later (store.RunTx.Now).
+		now := tx.Now()
 		s := tx.Step(it.Step)
 		if s == nil || s.Status != status.StepRunning || status.RunTerminal(tx.Run().Status) {
 			return nil

@@ -853,8 +853,8 @@ func (r *Runtime) flush(ctx context.Context, tx store.RunTx, run *store.Run, ch 
 // work is dropped and in-flight HTTP requests on this node are aborted (other
 // nodes notice at their next lease renewal).
 func (r *Runtime) Cancel(ctx context.Context, runID string) (*store.Run, error) {
-	now := r.clk.Now()
-	err := r.st.InRun(ctx, runID, now, func(tx store.RunTx) error {
+	err := r.st.InRun(ctx, runID, r.clk.Now(), func(tx store.RunTx) error {
+		now := tx.Now() // not before the run's last write
 		run := tx.Run()
 		if status.RunTerminal(run.Status) {
 			return fmt.Errorf("run %s is %s: %w", runID, run.Status, ErrRunFinished)
@@ -898,9 +898,9 @@ func (r *Runtime) DeliverWebhook(ctx context.Context, token string, payload []by
 	if len(payload) == 0 {
 		payload = []byte("null")
 	}
-	now := r.clk.Now()
 	of := r.newOffer()
-	err = r.st.InRun(ctx, runID, now, func(tx store.RunTx) error {
+	err = r.st.InRun(ctx, runID, r.clk.Now(), func(tx store.RunTx) error {
+		now := tx.Now() // not before the run's last write
 		run := tx.Run()
 		s := tx.Step(name)
 		if s == nil {

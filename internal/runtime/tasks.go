@@ -689,6 +689,9 @@ func (r *Runtime) finishTask(ctx context.Context, tx store.TaskTx, final string,
 	if s == nil || s.Status != status.StepRunning || status.RunTerminal(run.Run().Status) {
 		return nil
 	}
+	// The run's times are the run's transaction's: not before its last
+	// write (store.RunTx.Now), which a batch's clock may be.
+	now = run.Now()
 	ch := &changes{now: now, runID: run.Run().ID, eager: eager, offer: of}
 	ch.touch(s)
 	s.Attempt, s.FinishedAt = t.Attempt, &now

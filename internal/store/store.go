@@ -377,6 +377,13 @@ type Store interface {
 
 // RunTx is a transaction that holds one run's lock.
 type RunTx interface {
+	// Now is the transaction's timestamp: the time InRun (or the batch)
+	// was given, unless the run was last written later than that (the
+	// caller read its clock, then waited for the run's lock while another
+	// writer went first), in which case it is that write's time. What the
+	// transaction records (events, and the times its caller sets) is then
+	// never earlier than what the run already holds.
+	Now() time.Time
 	Run() *Run
 	Steps() []*StepRun
 	Step(name string) *StepRun

@@ -431,7 +431,12 @@ func (c *changeset) step(s *store.StepRun) {
 
 func stepKey(s *store.StepRun) [2]string { return [2]string{s.RunID, s.Name} }
 
-func (c *changeset) run(r *runTx) { c.runs = addOnce(c.runs, &c.runSet, r) }
+// run marks r's row to be written; the row's updated_at is then the
+// transaction's time, the run's last write (see runTx.Now).
+func (c *changeset) run(r *runTx) {
+	r.updatedAt = r.now
+	c.runs = addOnce(c.runs, &c.runSet, r)
+}
 
 func (c *changeset) task(t *taskTx) { c.tasks = addOnce(c.tasks, &c.taskSet, t) }
 

@@ -278,7 +278,7 @@ func (c *runCache) take(s *Store, ctx context.Context, tx querier, id string, no
 // runTx hands out copies of e, with e as their base.
 func (e *cachedRun) runTx(s *Store, ctx context.Context, tx querier, now time.Time) *runTx {
 	run := e.run
-	rt := &runTx{s: s, ctx: ctx, tx: tx, run: &run, now: now, seq: e.seq, updatedAt: e.updatedAt, steps: make([]*store.StepRun, len(e.steps)), base: e, inRow: e.inRow}
+	rt := &runTx{s: s, ctx: ctx, tx: tx, run: &run, now: notBefore(now, e.updatedAt), seq: e.seq, updatedAt: e.updatedAt, steps: make([]*store.StepRun, len(e.steps)), base: e, inRow: e.inRow}
 	// One allocation for the copies, not one per step.
 	copies := slices.Clone(e.steps)
 	for i := range copies {

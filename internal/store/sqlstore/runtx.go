@@ -150,7 +150,7 @@ func (s *Store) scanRunRows(ctx context.Context, tx querier, rows PipeRows, now 
 		if err != nil {
 			return err
 		}
-		out[run.ID] = &runTx{s: s, ctx: ctx, tx: tx, run: run, now: now, seq: seq, updatedAt: run.UpdatedAt, version: ver, packed: packed}
+		out[run.ID] = &runTx{s: s, ctx: ctx, tx: tx, run: run, now: notBefore(now, run.UpdatedAt), seq: seq, updatedAt: run.UpdatedAt, version: ver, packed: packed}
 	}
 	return rows.Err()
 }
@@ -269,6 +269,19 @@ func (t *runTx) restore(sn runSnap) {
 		*s = sn.steps[i]
 	}
 	t.seq, t.updatedAt = sn.seq, sn.updatedAt
+}
+
+// Now is the transaction's timestamp (store.RunTx.Now).
+func (t *runTx) Now() time.Time { return t.now }
+
+// notBefore is now, or the run's last write when that was later: a
+// transaction whose caller read the clock before waiting for the run's
+// lock must not record times earlier than the writer that went first.
+func notBefore(now, lastWrite time.Time) time.Time {
+	if lastWrite.After(now) {
+		return lastWrite
+	}
+	return now
 }
 
 func (t *runTx) Run() *store.Run         { return t.run }

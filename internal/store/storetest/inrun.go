@@ -21,6 +21,7 @@ var inRunTests = []test{
 	{"UpdateRun", testUpdateRun},
 	{"UpdateRunEachColumnAlone", testUpdateRunEachColumn},
 	{"AppendContinuesSeq", testAppendContinuesSeq},
+	{"NowNeverBeforeTheLastWrite", testNowNeverBeforeLastWrite},
 	{"ErrorRollsBackEverything", testInRunRollback},
 	{"SerialisesConcurrentCallers", testInRunSerialises},
 	{"SmallStepsInTheRunRow", testStepsInRunRow},
@@ -180,6 +181,82 @@ func testAppendContinuesSeq(t *testing.T, s store.Store) {
 			{RunID: r.ID, Seq: 5, Type: "note", At: later},
 		}
 		diff(t, "appended events", want, evs[2:])
+	}
+}
+
+// testNowNeverBeforeLastWrite: a caller reads its clock, then waits for
+// the run's lock while another writer goes first with a later time. Its
+// transaction's time (RunTx.Now, and its events' at) is then that write's,
+// so a run never records a time earlier than one it already holds (a run
+// finished before its last step, an event log going back in time).
+func testNowNeverBeforeLastWrite(t *testing.T, s store.Store) {
+	for _, n := range []int{2, 12} { // steps in the run's row, and in step_runs
+		t.Run(fmt.Sprintf("%d steps", n), func(t *testing.T) {
+			wf := mkWorkflow(t, s, fmt.Sprintf("wf%d", n))
+			nr := &store.NewRun{Run: baseRun(wf, ""), Events: []store.NewEvent{{Type: "run_started"}}}
+			for i := 0; i < n; i++ {
+				nr.Steps = append(nr.Steps, &store.StepRun{Name: fmt.Sprintf("s%d", i), Position: i, Type: "sleep", Status: status.StepPending})
+			}
+			r := mkRun(t, s, nr)
+			step := func(tx store.RunTx, name, event string) error {
+				st := *tx.Step(name)
+				now := tx.Now()
+				st.Status, st.StartedAt, st.FinishedAt = status.StepSuccess, &now, &now
+				if err := tx.UpdateStep(&st); err != nil {
+					return err
+				}
+				return tx.Append(store.NewEvent{Type: event, Step: name})
+			}
+			first, late := at(2*time.Minute), at(time.Minute)
+			inRun(t, s, r.ID, first, func(tx store.RunTx) error {
+				if !tx.Now().Equal(first) {
+					t.Errorf("Now() = %v, want the time given, %v", tx.Now(), first)
+				}
+				return step(tx, "s0", "step_succeeded")
+			})
+			// Given a time before that write: its time is the write's.
+			inRun(t, s, r.ID, late, func(tx store.RunTx) error {
+				if !tx.Now().Equal(first) {
+					t.Errorf("Now() given %v after a write at %v = %v, want %v", late, first, tx.Now(), first)
+				}
+				return step(tx, "s1", "step_succeeded")
+			})
+			// An event alone (no step changed) is a write of the run too.
+			third := at(3 * time.Minute)
+			inRun(t, s, r.ID, third, func(tx store.RunTx) error {
+				return tx.Append(store.NewEvent{Type: "note"})
+			})
+			inRun(t, s, r.ID, late, func(tx store.RunTx) error {
+				if !tx.Now().Equal(third) {
+					t.Errorf("Now() given %v after an event at %v = %v, want %v", late, third, tx.Now(), third)
+				}
+				run := tx.Run()
+				now := tx.Now()
+				run.Status, run.FinishedAt = status.RunCompleted, &now
+				if err := tx.UpdateRun(run); err != nil {
+					return err
+				}
+				return tx.Append(store.NewEvent{Type: "run_completed"})
+			})
+			run, steps := getRun(t, s, r.ID)
+			for _, st := range steps {
+				if st.FinishedAt != nil && st.FinishedAt.After(*run.FinishedAt) {
+					t.Errorf("step %s finished at %v, after its run (%v)", st.Name, st.FinishedAt, run.FinishedAt)
+				}
+			}
+			evs := events(t, s, r.ID)
+			for i := 1; i < len(evs); i++ {
+				if evs[i].At.Before(evs[i-1].At) {
+					t.Errorf("event %d (%s) at %v is before event %d (%s) at %v", evs[i].Seq, evs[i].Type, evs[i].At, evs[i-1].Seq, evs[i-1].Type, evs[i-1].At)
+				}
+			}
+			diff(t, "event times", []time.Time{t0, first, first, third, third}, func() (out []time.Time) {
+				for _, e := range evs {
+					out = append(out, e.At)
+				}
+				return out
+			}())
+		})
 	}
 }
 

@@ -1,11 +1,15 @@
 package runtime_test
 
 import (
+	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/ferryhq/ferry/internal/runtime"
 	"github.com/ferryhq/ferry/internal/status"
+	"github.com/ferryhq/ferry/internal/step/httpstep"
+	"github.com/ferryhq/ferry/internal/store"
 )
 
 // exhaust leaves a task of max_attempts 1 whose only lease ran out, and a
@@ -110,6 +114,70 @@ func TestClaimAfterFailingExhaustedTasksClaimsAgain(t *testing.T) {
 			}
 			if _, err := e.rt.CompleteTask(t.Context(), got[0].ID, got[0].LeaseToken, nil); err != nil {
 				t.Fatal(err)
+			}
+		}
+	})
+}
+
+// restarted is a runtime on e's store and clock that has seen nothing yet:
+// the server after a restart.
+func restarted(t *testing.T, e *env) *runtime.Runtime {
+	t.Helper()
+	rt := runtime.New(runtime.Config{Store: e.st, Clock: e.clk, PublicURL: "http://ferry.test", HTTP: httpstep.New(nil), Logger: slog.New(slog.DiscardHandler)})
+	t.Cleanup(rt.Close)
+	return rt
+}
+
+// TestExhaustedAfterRestartKeepsItsAttempt: after a restart (no task type
+// known yet), a claim that meets a task whose final attempt's lease ran
+// out fails it at that attempt, whether the limit is the default or its
+// type's registry entry, and leases at once a task of an unknown type
+// with attempts left. (Found by an audit: the restarted server's first
+// claim leased the exhausted task again, recording a claim of attempt 6
+// of 5 for a worker that never got it, before failing it.)
+func TestExhaustedAfterRestartKeepsItsAttempt(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e *env) {
+		if _, err := e.st.PutTaskType(t.Context(), &store.TaskType{Type: "reg.short.v1", Enabled: true, MaxAttempts: 2}); err != nil {
+			t.Fatal(err)
+		}
+		def := e.create(t, runtime.NewTask{Type: "billing.invoice.v1"})
+		reg := e.create(t, runtime.NewTask{Type: "reg.short.v1"})
+		for i := 0; i < runtime.DefaultTaskMaxAttempts; i++ {
+			types := []string{"billing.%"}
+			if i < 2 {
+				types = append(types, "reg.%")
+			}
+			if got := e.claim(t, types...); len(got) != len(types) {
+				t.Fatalf("claim %d: %d tasks, want %d", i+1, len(got), len(types))
+			}
+			e.clk.Advance(31 * time.Second)
+		}
+		left := e.create(t, runtime.NewTask{Type: "content.upload.v1"})
+		e.claimOne(t, "content.%")
+		e.clk.Advance(31 * time.Second)
+
+		rt := restarted(t, e)
+		got, err := rt.ClaimTasks(t.Context(), runtime.ClaimRequest{Types: []string{"billing.%", "reg.%", "content.%"}, WorkerID: "w2", Lease: 30 * time.Second, Max: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 1 || got[0].ID != left.ID || got[0].Attempt != 2 {
+			t.Fatalf("claim after the restart got %+v, want %s at attempt 2", got, left.ID)
+		}
+		for _, c := range []struct {
+			id   string
+			want int
+		}{{def.ID, runtime.DefaultTaskMaxAttempts}, {reg.ID, 2}} {
+			if k := e.get(t, c.id); k.Status != status.TaskFailed || k.Attempt != c.want {
+				t.Errorf("task %s is %s at attempt %d, want failed at %d", k.Type, k.Status, k.Attempt, c.want)
+			}
+			evs := e.events(t, c.id)
+			var types []string
+			for _, ev := range evs[len(evs)-3:] {
+				types = append(types, ev.Type)
+			}
+			if want := []string{"claimed", "lease_expired", "failed"}; !slices.Equal(types, want) {
+				t.Errorf("task %s: events end %v, want %v", c.id, types, want)
 			}
 		}
 	})

@@ -408,14 +408,21 @@ func (r *Runtime) release(ctx context.Context, ts []*store.Task, reason string) 
 //
 // It is asked inside the claim's write transaction (on SQLite, on the one
 // writer), so it reads no registry: a task's own max_attempts, else its
-// type's as cached, else it answers no and the claim leases the task;
-// dropExhausted then fails it after the commit, as before this check.
+// type's as cached. A type not cached yet (the first claim of it since the
+// server started, or since the registry changed) answers yes: the claim
+// leaves the task as it is, failExhausted reads the registry and fails it
+// only if that was its final attempt, and the claim that follows at once
+// (claimTasks) leases it if not. Answering no leased it on a guess, and a
+// task on its final attempt was then failed by dropExhausted with a claim
+// of an attempt beyond its max_attempts recorded, for a worker that never
+// got it (a restarted server's first claim of a type whose worker had
+// died with it).
 func (r *Runtime) exhausted(t *store.Task) bool {
 	maxAttempts := t.MaxAttempts
 	if maxAttempts == 0 {
 		v, ok := r.types.Load(t.Type)
 		if !ok {
-			return false
+			return true
 		}
 		if tt := v.(cachedType).tt; tt != nil && tt.MaxAttempts > 0 {
 			maxAttempts = tt.MaxAttempts

@@ -43,6 +43,8 @@ func (e *Engine) CreateTask(ctx context.Context, nt client.NewTask) (*client.Tas
 		return nil, false, invalid("payload", "payload must be JSON")
 	case nt.RetryDelay < 0 || (nt.RetryDelay > 0 && nt.RetryDelay < time.Millisecond):
 		return nil, false, invalid("retry_delay", "retry_delay must be a duration of at least 1ms")
+	case nt.RunAt != nil && nt.RunAt.After(runtime.MaxRunAt):
+		return nil, false, invalid("run_at", "run_at must be no later than 9999-12-31T23:59:59.999999Z")
 	}
 	t, created, err := e.rt.CreateTask(ctx, runtime.NewTask{
 		Type: nt.Type, Payload: nt.Payload, Priority: nt.Priority, RunAt: nt.RunAt,

@@ -174,3 +174,24 @@ func TestEngineTaskValidation(t *testing.T) {
 		}
 	}
 }
+
+// A RunAt later than 9999-12-31 UTC is refused: past it no answer of the
+// API can show the task, and far past it (a year beyond 294246) the
+// microseconds the store keeps wrapped into the past, so the task was
+// claimable at once.
+func TestEngineTaskRunAtBeyond9999(t *testing.T) {
+	eng := ferrytest.Start(t).Engine
+	ctx := context.Background()
+	for _, at := range []time.Time{
+		time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC),
+	} {
+		if _, _, err := eng.CreateTask(ctx, client.NewTask{Type: "far.v1", RunAt: &at}); !client.HasCode(err, client.CodeInvalidRequest) {
+			t.Errorf("run_at %v: %v", at, err)
+		}
+	}
+	got, err := eng.ClaimTasks(ctx, client.ClaimRequest{Types: []string{"far.v1"}})
+	if err != nil || len(got) != 0 {
+		t.Fatalf("claim: %v, %d tasks (a task scheduled for the year 300000 is not due)", err, len(got))
+	}
+}

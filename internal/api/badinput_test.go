@@ -364,3 +364,17 @@ func TestBadInputYAMLNonFinite(t *testing.T) {
 	want4xx(t, "sleep: .inf", s.do("POST", "/api/v1/workflows", "name: y\ntasks:\n  a:\n    sleep: .inf\n"), 422, "invalid_workflow", "tasks.a.sleep")
 	want4xx(t, "body: {x: .nan}", s.do("POST", "/api/v1/workflows", "name: y\ntasks:\n  a:\n    url: http://x.example/\n    body: {x: .nan}\n"), 422, "invalid_workflow", "tasks.a.body.x")
 }
+
+// A run_at past the year 9999 in UTC (an RFC 3339 time of 9999-12-31
+// with a negative offset) is refused: the task could never be shown,
+// for a JSON time has four digits of year (it was created, and it and
+// every answer naming it came back with an empty body).
+func TestBadInputRunAtPastYear9999(t *testing.T) {
+	s := startF(t, false, nil)
+	r := s.do("POST", "/api/v1/tasks", `{"type":"a.v1","run_at":"9999-12-31T23:59:59-23:59"}`)
+	want4xx(t, "run_at in the year 10000 UTC", r, 400, "invalid_request", "run_at")
+	r = s.do("POST", "/api/v1/tasks", `{"type":"a.v1","run_at":"9999-12-31T23:59:59.999999Z"}`)
+	if r.status != 201 || r.data()["run_at"] != "9999-12-31T23:59:59.999999Z" {
+		t.Fatalf("run_at at the end of 9999: %d %s", r.status, r.raw)
+	}
+}

@@ -275,6 +275,10 @@ func (s *Server) createTask(w http.ResponseWriter, r *http.Request) {
 			badField(w, "run_at", `run_at must be an RFC 3339 time like "2026-03-01T09:00:00Z"`)
 			return
 		}
+		if at.After(runtime.MaxRunAt) {
+			badField(w, "run_at", "run_at must be no later than 9999-12-31T23:59:59.999999Z")
+			return
+		}
 		nt.RunAt = &at
 	}
 	if len(req.RetryDelay) > 0 {

@@ -38,6 +38,13 @@ const (
 	MaxClaimWait           = 60 * time.Second
 )
 
+// MaxRunAt is the latest run_at a task may have: the end of the year 9999
+// in UTC. An API time is RFC 3339, four digits of year, so a later one
+// could not be shown (9999-12-31 with a negative offset is one); far
+// later, past the int64 microseconds the stores keep, it would wrap into
+// the past and be due at once.
+var MaxRunAt = time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC)
+
 // taskSignal is one wake-up of the waiting claims: ch is closed when it
 // happens, after at and next are set.
 type taskSignal struct {
@@ -100,6 +107,9 @@ func (r *Runtime) CreateTask(ctx context.Context, nt NewTask) (*store.Task, bool
 	}
 	if nt.MaxAttempts < 0 || nt.MaxAttempts > 100 {
 		return nil, false, fmt.Errorf("max_attempts must be from 1 to 100: %w", ErrInvalidTask)
+	}
+	if nt.RunAt != nil && nt.RunAt.After(MaxRunAt) {
+		return nil, false, fmt.Errorf("run_at must be no later than 9999-12-31T23:59:59.999999Z: %w", ErrInvalidTask)
 	}
 	now := r.clk.Now()
 	t := &store.Task{

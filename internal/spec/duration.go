@@ -15,7 +15,12 @@ import (
 // handled here; a bare number string is rejected so that the unit is never
 // guessed (numbers are only accepted as JSON numbers, where the field decides
 // the unit).
-func ParseDuration(s string) (time.Duration, error) {
+func ParseDuration(s string) (time.Duration, error) { return parseDuration(s, false) }
+
+// parseDuration is ParseDuration; stored (reading a version accepted
+// before, see Limits.Stored) reads days as any Go float literal, as
+// versions stored before days had to be a decimal number were read.
+func parseDuration(s string, stored bool) (time.Duration, error) {
 	s = strings.TrimSpace(s)
 	if s == "" {
 		return 0, fmt.Errorf("empty duration")
@@ -23,6 +28,12 @@ func ParseDuration(s string) (time.Duration, error) {
 	var total time.Duration
 	rest := s
 	if i := strings.IndexByte(rest, 'd'); i > 0 {
+		// A decimal number, as Go's units take: ParseFloat alone also
+		// reads the rest of Go's float literals ("1_0" as 10, "0x1p4" as
+		// 16, "1e3"), which "1_0h" or "1e3h" are not.
+		if !stored && !decimal(rest[:i]) {
+			return 0, fmt.Errorf("invalid duration %q (use forms like 30s, 5m, 2h, 1d)", s)
+		}
 		days, err := strconv.ParseFloat(rest[:i], 64)
 		// !(days <= max) also rejects NaN; the bound keeps the conversion
 		// below defined (float to int overflow is platform-dependent).
@@ -51,10 +62,35 @@ func ParseDuration(s string) (time.Duration, error) {
 	return total, nil
 }
 
+// decimal tells whether s is an unsigned decimal number, with an optional
+// leading '+' and fraction ("1", "1.5", ".5", "1."): what time.ParseDuration
+// takes before a unit.
+func decimal(s string) bool {
+	s = strings.TrimPrefix(s, "+")
+	digits := 0
+	dot := false
+	for _, c := range []byte(s) {
+		switch {
+		case c >= '0' && c <= '9':
+			digits++
+		case c == '.' && !dot:
+			dot = true
+		default:
+			return false
+		}
+	}
+	return digits > 0
+}
+
 // durationFromJSON reads a JSON duration: a string with a unit, or a number in
 // the given unit (seconds for sleep, milliseconds for an HTTP timeout, as in
 // the seed).
 func durationFromJSON(raw json.RawMessage, unit time.Duration) (time.Duration, error) {
+	return durationJSON(raw, unit, false)
+}
+
+// durationJSON is durationFromJSON; stored as for parseDuration.
+func durationJSON(raw json.RawMessage, unit time.Duration, stored bool) (time.Duration, error) {
 	var n json.Number
 	// json.Number also accepts a JSON string holding a number ("30"); such
 	// strings must go to ParseDuration, which rejects them, so that the unit
@@ -70,7 +106,7 @@ func durationFromJSON(raw json.RawMessage, unit time.Duration) (time.Duration, e
 	if err := json.Unmarshal(raw, &s); err != nil {
 		return 0, fmt.Errorf("duration must be a string like \"30s\" or a number")
 	}
-	return ParseDuration(s)
+	return parseDuration(s, stored)
 }
 
 // FormatDuration renders a duration the way users write them ("1d", "90s").

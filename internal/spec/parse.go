@@ -414,7 +414,7 @@ func Parse(doc []byte, lim Limits) (*Workflow, error) {
 				w.Trigger = s
 			}
 		case "max_duration":
-			d, err := durationFromJSON(m.Value, secondUnit)
+			d, err := durationJSON(m.Value, secondUnit, c.stored)
 			if err != nil || d <= 0 {
 				c.add("max_duration", CodeInvalidDuration, "max_duration must be a positive duration like \"30d\" or seconds as a number")
 			} else {
@@ -557,7 +557,7 @@ func parseStep(c *collector, path, name string, raw json.RawMessage) *Step {
 				st.Retries, st.RetriesSet = n, true
 			}
 		case "retry_delay":
-			d, err := durationFromJSON(m.Value, secondUnit)
+			d, err := durationJSON(m.Value, secondUnit, c.stored)
 			if err != nil || d < time.Millisecond {
 				c.add(p, CodeInvalidDuration, "retry_delay must be a duration of at least 1ms, like \"30s\", or seconds as a number")
 			} else {
@@ -567,7 +567,7 @@ func parseStep(c *collector, path, name string, raw json.RawMessage) *Step {
 			types = append(types, StepTask)
 			parseTask(c, p, st, m.Value)
 		case "timeout":
-			d, err := durationFromJSON(m.Value, millisecondUnit)
+			d, err := durationJSON(m.Value, millisecondUnit, c.stored)
 			if err != nil || d <= 0 || d > maxHTTPTimeout {
 				c.add(p, CodeInvalidDuration, "timeout must be a positive duration up to 1h: milliseconds as a number, or a string like \"30s\"")
 			} else {
@@ -575,7 +575,7 @@ func parseStep(c *collector, path, name string, raw json.RawMessage) *Step {
 			}
 		case "sleep":
 			types = append(types, StepSleep)
-			d, err := durationFromJSON(m.Value, secondUnit)
+			d, err := durationJSON(m.Value, secondUnit, c.stored)
 			if err != nil {
 				c.add(p, CodeInvalidDuration, "sleep must be a duration like \"30s\", \"5m\", \"2h\", \"1d\" or seconds as a number")
 			} else {
@@ -713,7 +713,7 @@ func parseWait(c *collector, p string, st *Step, raw json.RawMessage) {
 	for _, m := range members {
 		switch m.Key {
 		case "timeout":
-			d, err := durationFromJSON(m.Value, secondUnit)
+			d, err := durationJSON(m.Value, secondUnit, c.stored)
 			if err != nil || d <= 0 {
 				c.add(p+".timeout", CodeInvalidDuration, "timeout must be a positive duration like \"1h\" or seconds as a number")
 			} else {

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -207,7 +209,7 @@ func TestParseDefaultsAndUnits(t *testing.T) {
 func TestParseDuration(t *testing.T) {
 	good := map[string]time.Duration{
 		"30s": 30 * time.Second, "5m": 5 * time.Minute, "2h": 2 * time.Hour, "1d": 24 * time.Hour,
-		"13d": 13 * 24 * time.Hour, "1h30m": 90 * time.Minute, "500ms": 500 * time.Millisecond,
+		"13d": 13 * 24 * time.Hour, "1.5d": 36 * time.Hour, ".5d": 12 * time.Hour, "1.d": 24 * time.Hour, "+1d": 24 * time.Hour, "007d": 7 * 24 * time.Hour, "1h30m": 90 * time.Minute, "500ms": 500 * time.Millisecond,
 		"1d2h": 26 * time.Hour, " 1h ": time.Hour, "0s": 0,
 	}
 	for in, want := range good {
@@ -216,7 +218,11 @@ func TestParseDuration(t *testing.T) {
 			t.Errorf("ParseDuration(%q) = %v, %v; want %v", in, got, err, want)
 		}
 	}
-	for _, in := range []string{"", "3 days", "soon", "30", "-1s", "-1d", "d", "1d2", "NaNd", "Infd", "+Infd", "1e300d", "1e6d", "106751d24h", "1d-1s"} {
+	for _, in := range []string{"", "3 days", "soon", "30", "-1s", "-1d", "d", "1d2", "NaNd", "Infd", "+Infd", "1e300d", "1e6d", "106751d24h", "1d-1s",
+		// Days are a decimal number, as Go's units are: not the other
+		// forms of a Go float literal (which read "1_0d" as 10 days and
+		// "0x1p4d" as 16, where "1_0h" and "0x1p4h" are refused).
+		"1_0d", "0x1p4d", "0x10d", "1e3d", "1E2d", "0b1d", "0o7d", "1.5e0d", "1d_", ".d", "+d", "++1d"} {
 		if got, err := spec.ParseDuration(in); err == nil {
 			t.Errorf("ParseDuration(%q) = %v, want an error", in, got)
 		}
@@ -873,6 +879,30 @@ func TestParseStoredVersionUnderOlderRules(t *testing.T) {
 	}
 	if _, err := spec.Parse(doc, spec.DefaultLimits); err == nil {
 		t.Error("the same definition submitted was accepted")
+	}
+}
+
+// Days are a decimal number: a submitted "1e3d" or "1_0d" is refused
+// where it is, and a version stored when any Go float literal was read
+// as days reads as it did, so its runs go on.
+func TestParseDurationDaysDecimal(t *testing.T) {
+	doc := []byte(`{"name": "old", "max_duration": "1e3d", "tasks": {"a": {"sleep": "1_0d"}, "b": {"wait_for_webhook": {"timeout": "0x1p4d"}}, "c": {"task": {"type": "a.v1"}, "retry_delay": "1E1d"}}}`)
+	_, err := spec.Parse(doc, spec.DefaultLimits)
+	var paths []string
+	for _, fe := range validationErrors(t, err) {
+		paths = append(paths, fe.Path)
+	}
+	sort.Strings(paths)
+	if want := []string{"max_duration", "tasks.a.sleep", "tasks.b.wait_for_webhook.timeout", "tasks.c.retry_delay"}; !slices.Equal(paths, want) {
+		t.Errorf("submitted: errors at %v, want %v", paths, want)
+	}
+	w, err := spec.Parse(doc, spec.Limits{Stored: true})
+	if err != nil {
+		t.Fatalf("the stored version: %v", err)
+	}
+	const day = 24 * time.Hour
+	if w.MaxDuration != 1000*day || mustStep(t, w, "a").Sleep != 10*day || mustStep(t, w, "b").WaitTimeout != 16*day || mustStep(t, w, "c").RetryDelay != 10*day {
+		t.Errorf("the stored version read as %v, %v, %v, %v", w.MaxDuration, mustStep(t, w, "a").Sleep, mustStep(t, w, "b").WaitTimeout, mustStep(t, w, "c").RetryDelay)
 	}
 }
 

@@ -378,3 +378,47 @@ func TestBadInputRunAtPastYear9999(t *testing.T) {
 		t.Fatalf("run_at at the end of 9999: %d %s", r.status, r.raw)
 	}
 }
+
+// A lease of a fraction of a microsecond more than whole microseconds
+// (lease_seconds 100.0000007) answers the lease_until that is stored: a
+// heartbeat's answer and event, and an eager claim's, said
+// ...44.7093077Z where the task read ...44.709307Z.
+func TestBadInputLeaseUntilAsStored(t *testing.T) {
+	for _, pg := range []bool{false, true} {
+		t.Run(map[bool]string{false: "sqlite", true: "postgres"}[pg], func(t *testing.T) { testLeaseUntilAsStored(t, startF(t, pg, nil)) })
+	}
+}
+
+func testLeaseUntilAsStored(t *testing.T, s *fsrv) {
+	if r := s.do("POST", "/api/v1/workflows", `{"name":"two","tasks":{"a":{"task":{"type":"hb.v1"}},"b":{"needs":["a"],"task":{"type":"hb.v1"}}}}`); r.status != 201 {
+		t.Fatalf("create: %d %s", r.status, r.raw)
+	}
+	if r := s.do("POST", "/api/v1/workflows/two/trigger", `{}`); r.status != 201 {
+		t.Fatalf("trigger: %d %s", r.status, r.raw)
+	}
+	c := s.do("POST", "/api/v1/tasks/claim", `{"types":["hb.v1"],"wait_seconds":5}`)
+	items, _ := c.body["data"].([]any)
+	if len(items) != 1 {
+		t.Fatalf("claim: %s", c.raw)
+	}
+	id, lt := items[0].(map[string]any)["id"].(string), items[0].(map[string]any)["lease_token"].(string)
+	stored := func(id string) any { return s.do("GET", "/api/v1/tasks/"+id, "").data()["lease_until"] }
+	hb := s.do("POST", "/api/v1/tasks/"+id+"/heartbeat", fmt.Sprintf(`{"lease_token":%q,"lease_seconds":100.0000007}`, lt))
+	if got, want := hb.data()["lease_until"], stored(id); got != want {
+		t.Errorf("heartbeat answered lease_until %v; the task has %v", got, want)
+	}
+	ev := s.do("GET", "/api/v1/tasks/"+id+"/events", "")
+	evs, _ := ev.body["data"].([]any)
+	if last := evs[len(evs)-1].(map[string]any); last["type"] != "heartbeat" || last["data"].(map[string]any)["lease_until"] != stored(id) {
+		t.Errorf("heartbeat event %v; the task has lease_until %v", last, stored(id))
+	}
+	done := s.do("POST", "/api/v1/tasks/"+id+"/complete", fmt.Sprintf(`{"lease_token":%q,"result":{},"next":{"types":["hb.v1"],"lease_seconds":1.0000005}}`, lt))
+	next, _ := done.body["next"].([]any)
+	if len(next) != 1 {
+		t.Fatalf("complete with next: %s", done.raw)
+	}
+	n := next[0].(map[string]any)
+	if got, want := n["lease_until"], stored(n["id"].(string)); got != want {
+		t.Errorf("eager claim answered lease_until %v; the task has %v", got, want)
+	}
+}

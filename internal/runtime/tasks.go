@@ -550,7 +550,10 @@ func (r *Runtime) Heartbeat(ctx context.Context, id, token string, lease time.Du
 		if t.Status != status.TaskLeased {
 			return fmt.Errorf("task %s is %s: %w", id, t.Status, ErrTaskFinished)
 		}
-		until := now.Add(lease)
+		// At the stores' microsecond: the answer and the event say what
+		// a read of the task says (a lease_seconds of 100.0000007 would
+		// carry 700ns the store drops).
+		until := now.Add(lease).Truncate(time.Microsecond)
 		t.LeaseUntil = &until
 		if err := tx.UpdateTask(t); err != nil {
 			return err
@@ -623,7 +626,7 @@ func (r *Runtime) take(ctx context.Context, e *eagerClaim, t *store.Task, now ti
 	if tt := r.taskType(ctx, t.Type); tt != nil && !tt.Enabled {
 		return
 	}
-	until := now.Add(e.req.Lease)
+	until := now.Add(e.req.Lease).Truncate(time.Microsecond) // as stored (see Heartbeat)
 	t.Status, t.Attempt, t.LeasedBy, t.LeaseToken, t.LeaseUntil = status.TaskLeased, 1, e.req.WorkerID, newLeaseToken(), &until
 	e.taken = append(e.taken, t)
 }

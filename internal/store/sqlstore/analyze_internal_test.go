@@ -63,3 +63,29 @@ func TestTablesDueDuringARefreshAreRefreshedNext(t *testing.T) {
 		t.Errorf("refreshes %v, want %v", calls, want)
 	}
 }
+
+// TestRefreshesStopAtTheCeiling: a table is due once its rows reach the
+// floor and again each time they double, until a refresh has seen
+// analyzeCeiling rows; it is then autovacuum's, however much it grows.
+func TestRefreshesStopAtTheCeiling(t *testing.T) {
+	s := &Store{}
+	tasks := slices.Index(AnalyzeTables[:], "tasks")
+	for _, c := range []struct {
+		analyzed, written int64
+		due               bool
+	}{
+		{0, analyzeFloor - 1, false},
+		{0, analyzeFloor, true},
+		{analyzeFloor, 2*analyzeFloor - 1, false},
+		{analyzeFloor, 2 * analyzeFloor, true},
+		{analyzeCeiling - 1, 2 * (analyzeCeiling - 1), true},
+		{analyzeCeiling, 2 * analyzeCeiling, false},
+		{analyzeCeiling, 1000 * analyzeCeiling, false},
+	} {
+		s.analyzedAt[tasks].Store(c.analyzed)
+		s.written[tasks].Store(c.written)
+		if got := slices.Contains(s.dueTables(), "tasks"); got != c.due {
+			t.Errorf("analyzed at %d rows, %d written: due %v, want %v", c.analyzed, c.written, got, c.due)
+		}
+	}
+}

@@ -236,6 +236,16 @@ var AnalyzeTables = [...]string{"runs", "step_runs", "tasks", "queue"}
 // ANALYZE of it worth it.
 const analyzeFloor = 1000
 
+// analyzeCeiling: a table whose last refresh saw this many new rows or
+// more is left to autovacuum. Its statistics then describe a table of
+// thousands of rows, which the planner scales by the table's size as it
+// plans; what the refresh exists for is a table summarized while nearly
+// empty. Each refresh after that one sampled 3,000 rows of every table
+// due while the burst that grew them was still being written (the
+// `sleep` benchmark on Postgres: ≈0.3 s of Postgres's CPU in its few
+// seconds, its tasks refreshed at 8,000 rows as the wake-ups ran).
+const analyzeCeiling = 4000
+
 // grew counts the rows this server inserted into each hot table and,
 // once a table's at least double what its last ANALYZE saw (and number
 // analyzeFloor or more), analyzes it in the background, with any other
@@ -302,12 +312,12 @@ func (s *Store) grew(n [len(AnalyzeTables)]int) {
 
 // dueTables are the tables (of AnalyzeTables) whose inserted rows have
 // at least doubled since their last ANALYZE and number analyzeFloor or
-// more.
+// more, up to analyzeCeiling.
 func (s *Store) dueTables() []string {
 	var due []string
 	for i, t := range AnalyzeTables {
 		w, last := s.written[i].Load(), s.analyzedAt[i].Load()
-		if w-last >= max(analyzeFloor, last) {
+		if last < analyzeCeiling && w-last >= max(analyzeFloor, last) {
 			due = append(due, t)
 		}
 	}

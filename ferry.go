@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -111,8 +112,16 @@ func OpenStore(ctx context.Context, database string) (store.Store, error) {
 	case strings.HasPrefix(database, "postgres://"), strings.HasPrefix(database, "postgresql://"):
 		return postgres.Open(ctx, database)
 	}
-	return nil, fmt.Errorf("database %q: use sqlite:PATH or a postgres:// URL", database)
+	// Not the value itself: a connection string of another form
+	// ("host=… password=…") carries a password.
+	if scheme, _, ok := strings.Cut(database, ":"); ok && urlScheme.MatchString(scheme) {
+		return nil, fmt.Errorf("database URL scheme %q: use sqlite:PATH or a postgres:// URL", scheme)
+	}
+	return nil, errors.New("database: use sqlite:PATH or a postgres:// URL")
 }
+
+// urlScheme matches what may begin a URL before its colon (RFC 3986).
+var urlScheme = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*$`)
 
 // warmer is a store that can open its connections and load their caches
 // before work begins (Postgres), so that the first runs after a start do

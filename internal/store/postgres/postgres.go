@@ -734,7 +734,7 @@ func ServerURL(dsn string) (string, error) {
 func takeMaxConns(dsn string) (string, int, error) {
 	u, err := url.Parse(dsn)
 	if err != nil {
-		return "", 0, fmt.Errorf("postgres: %w", err)
+		return "", 0, fmt.Errorf("postgres: %w", urlError(err))
 	}
 	q := u.Query()
 	v := q.Get("ferry_max_conns")
@@ -748,6 +748,22 @@ func takeMaxConns(dsn string) (string, int, error) {
 	q.Del("ferry_max_conns")
 	u.RawQuery = q.Encode()
 	return u.String(), n, nil
+}
+
+// urlError is what a database URL that does not parse says in errors
+// and logs: url.Parse's error quotes the whole URL, password and all, and
+// an invalid escape quotes the part of it at fault, which is often in the
+// password.
+func urlError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	var ee url.EscapeError
+	if errors.As(err, &ee) {
+		return errors.New("the database URL has an invalid %-escape: percent-encode the special characters of its user name and password (% as %25, @ as %40, / as %2F)")
+	}
+	return fmt.Errorf("the database URL does not parse: %w", err)
 }
 
 // Refused tells whether err is Postgres refusing the data a write

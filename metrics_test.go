@@ -1,16 +1,21 @@
 package ferry_test
 
 import (
+	"bytes"
 	"context"
+	"database/sql"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	_ "github.com/jackc/pgx/v5/stdlib"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -270,4 +275,88 @@ func TestMetricsCancelledAttempt(t *testing.T) {
 	if _, ok := sample(m, "ferry_http_step_attempt_seconds", map[string]string{"outcome": "error"}); ok {
 		t.Error("the cut attempt is counted as an error too")
 	}
+}
+
+// TestMetricsClientGone: a request whose client hangs up while the server
+// waits (here for the run's row lock, which another transaction holds) is
+// counted with code 499 and not logged as an error. It was counted as a
+// 500 and logged as "request failed" at error level, so clients' timeouts
+// under load read as the server failing. (Found by an audit.)
+func TestMetricsClientGone(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	var logs syncBuffer
+	srv := ferrytest.Start(t, func(c *ferry.Config) {
+		c.Database = dsn
+		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	ctx := context.Background()
+	c := client.New(srv.URL, srv.Key)
+	if _, _, err := c.ApplyWorkflow(ctx, "held", []byte(`{"name": "held", "tasks": {"hook": {"wait_for_webhook": {}}}}`)); err != nil {
+		t.Fatal(err)
+	}
+	tr, _, err := c.Trigger(ctx, "held", nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	var holder int
+	if err := tx.QueryRowContext(ctx, `SELECT pg_backend_pid() FROM runs WHERE id = $1 FOR UPDATE`, tr.RunID).Scan(&holder); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.CancelRun(cctx, tr.RunID)
+		done <- err
+	}()
+	testwait.Until(t, 10*time.Second, "the cancellation waits for the run's lock", func() bool {
+		var n int
+		return db.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, holder).Scan(&n) == nil && n > 0
+	})
+	cancel() // the client gives up
+	if err := <-done; err == nil {
+		t.Fatal("the cancelled request was answered")
+	}
+	route := map[string]string{"route": "POST /api/v1/runs/{run_id}/cancel"}
+	testwait.Until(t, 10*time.Second, "the abandoned request is counted", func() bool {
+		_, ok := sample(scrape(t, srv), "ferry_api_requests_total", route)
+		return ok
+	})
+	m := scrape(t, srv)
+	if _, ok := sample(m, "ferry_api_requests_total", map[string]string{"route": route["route"], "code": "500"}); ok {
+		t.Error("a request its client abandoned is counted as a 500")
+	}
+	if n, _ := sample(m, "ferry_api_requests_total", map[string]string{"route": route["route"], "code": "499"}); n != 1 {
+		t.Errorf("requests abandoned by their client: %v, want 1 with code 499", n)
+	}
+	if l := logs.String(); strings.Contains(l, "level=ERROR") {
+		t.Errorf("an abandoned request is logged as an error:\n%s", l)
+	}
+}
+
+// syncBuffer is a log destination safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

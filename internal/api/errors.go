@@ -3,10 +3,10 @@ package api
 import (
 	"encoding/json"
 	"errors"
-	"github.com/ferryhq/ferry/internal/httpwrap"
 	"net/http"
 	"strings"
 
+	"github.com/ferryhq/ferry/internal/httpwrap"
 	"github.com/ferryhq/ferry/internal/runtime"
 	"github.com/ferryhq/ferry/internal/spec"
 	"github.com/ferryhq/ferry/internal/store"
@@ -30,7 +30,17 @@ const (
 	CodeStaleLease       = "stale_lease"
 	CodeTaskFinished     = "task_finished"
 	CodeInternal         = "internal"
+	// CodeClientClosed answers a request whose client hung up before it
+	// was answered; no one reads it (see StatusClientClosed).
+	CodeClientClosed = "client_closed_request"
 )
+
+// StatusClientClosed (nginx's 499, "client closed request") is what a
+// request whose client hung up before it was answered is counted and
+// traced as: its client's timeout, or a worker stopping while its claim
+// waits. It is no failure of the server's, so it is neither a 500 nor
+// logged as an error; and the answer reaches no one.
+const StatusClientClosed = 499
 
 // ErrorBody is the error envelope.
 type ErrorBody struct {
@@ -104,6 +114,12 @@ func (s *Server) describeErr(r *http.Request, err error, attrs ...any) (int, Err
 	case errors.Is(err, store.ErrWorkflowChanged):
 		// The workflow changed under four trigger attempts in a row.
 		return e(http.StatusConflict, CodeConflict, err.Error())
+	}
+	if r.Context().Err() != nil {
+		// The client hung up (which cancelled the request's context, and
+		// with it the query or the wait that then failed).
+		s.log.Debug("request abandoned by its client", append([]any{"method", r.Method, "path", httpwrap.RedactPath(r.URL.Path), "err", err}, attrs...)...)
+		return e(StatusClientClosed, CodeClientClosed, "the client closed the request before it was answered")
 	}
 	s.log.Error("request failed", append([]any{"method", r.Method, "path", httpwrap.RedactPath(r.URL.Path), "err", err}, attrs...)...)
 	return e(http.StatusInternalServerError, CodeInternal, "internal error")

@@ -346,16 +346,14 @@ func (s *Server) claimTasks(w http.ResponseWriter, r *http.Request) {
 	}
 	ts, err := s.rt.ClaimTasks(r.Context(), rq)
 	if err != nil {
-		if r.Context().Err() != nil {
-			return // the worker went away
-		}
-		s.writeErr(w, r, err)
+		s.writeErr(w, r, err) // (a worker gone: StatusClientClosed)
 		return
 	}
 	if r.Context().Err() != nil {
 		// The worker hung up while we claimed: give the tasks back rather
 		// than leave them leased to nobody until the lease ends.
 		s.rt.ReleaseTasks(context.WithoutCancel(r.Context()), ts)
+		w.WriteHeader(StatusClientClosed)
 		return
 	}
 	writeData(w, http.StatusOK, s.claimedJSON(r, ts))
@@ -475,6 +473,7 @@ func (s *Server) completeTask(w http.ResponseWriter, r *http.Request) {
 		// The worker hung up: the completion stands, but the tasks it was
 		// handed go back rather than wait out their lease.
 		s.rt.ReleaseTasks(context.WithoutCancel(r.Context()), ts)
+		w.WriteHeader(StatusClientClosed)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"data": s.taskJSON(r, t), "next": s.claimedJSON(r, ts)})
@@ -591,6 +590,7 @@ func (s *Server) completeTasks(w http.ResponseWriter, r *http.Request) {
 		for _, o := range out {
 			s.rt.ReleaseTasks(context.WithoutCancel(r.Context()), o.next)
 		}
+		w.WriteHeader(StatusClientClosed)
 		return
 	}
 	items := make([]any, n)

@@ -58,7 +58,7 @@ func New(backend string) *Metrics {
 		}),
 		httpSteps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ferry_http_step_attempt_seconds",
-			Help:    "Duration of HTTP step attempts, by outcome (2xx … 5xx; error when no response came; cancelled when the run was cancelled or the lease lost during the attempt).",
+			Help:    "Duration of HTTP step attempts, by outcome (2xx … 5xx, as the step records it; error when no response came, or a 2xx's body broke off; cancelled when the run was cancelled or the lease lost during the attempt).",
 			Buckets: prometheus.DefBuckets,
 		}, []string{"outcome"}),
 		apiTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{

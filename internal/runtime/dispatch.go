@@ -334,10 +334,13 @@ func (r *Runtime) runHTTP(ctx context.Context, it *store.QueueItem) error {
 // attemptOutcome is an attempt's status class for metrics ("2xx" …
 // "5xx"), or "error" when no response came.
 func attemptOutcome(res httpstep.Result) string {
-	if res.Err != nil || res.StatusCode < 100 || res.StatusCode > 599 {
+	// By the status the step records: a response whose body broke off
+	// counts by its status, but a 2xx's, which is no answer (answered).
+	code := answered(res)
+	if code < 100 || code > 599 {
 		return "error"
 	}
-	return [...]string{"1xx", "2xx", "3xx", "4xx", "5xx"}[res.StatusCode/100-1]
+	return [...]string{"1xx", "2xx", "3xx", "4xx", "5xx"}[code/100-1]
 }
 
 // answered is the status code an attempt's outcome records, 0 for none.

@@ -22,6 +22,12 @@ func TestAttemptOutcome(t *testing.T) {
 		{httpstep.Result{StatusCode: 101}, "1xx"},
 		{httpstep.Result{Err: errors.New("refused")}, "error"},
 		{httpstep.Result{StatusCode: 200, Err: errors.New("body cut")}, "error"},
+		// A response whose body broke off counts by its status, as the
+		// step records it (workflow-format.md): only a 2xx's is no
+		// answer. (Found by an audit: they counted as errors, "no
+		// response".)
+		{httpstep.Result{StatusCode: 503, Err: errors.New("body cut"), Truncated: true}, "5xx"},
+		{httpstep.Result{StatusCode: 400, Err: errors.New("body cut")}, "4xx"},
 		{httpstep.Result{StatusCode: 0}, "error"},
 		{httpstep.Result{StatusCode: 600}, "error"},
 	} {

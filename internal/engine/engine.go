@@ -260,13 +260,43 @@ func renderPayload(st *spec.Step, sc *lazyScope) (json.RawMessage, error) {
 	return bytes.TrimRight(buf.Bytes(), "\n"), nil
 }
 
+// redactRawURL is u as an error may name it, whether it parses or not:
+// its user information and its query's values replaced by REDACTED, its
+// fragment dropped, as HTTP attempts' errors name their URL
+// (httpstep.RedactURL), since a query often carries an API key and the
+// error becomes the step's error and its span's status.
+func redactRawURL(u string) string {
+	u, _, _ = strings.Cut(u, "#")
+	u, query, hasQuery := strings.Cut(u, "?")
+	if scheme, rest, ok := strings.Cut(u, "://"); ok {
+		authority, path := rest, ""
+		if i := strings.IndexByte(rest, '/'); i >= 0 {
+			authority, path = rest[:i], rest[i:]
+		}
+		if i := strings.LastIndexByte(authority, '@'); i >= 0 {
+			authority = "REDACTED:REDACTED" + authority[i:]
+		}
+		u = scheme + "://" + authority + path
+	}
+	if !hasQuery {
+		return u
+	}
+	pairs := strings.Split(query, "&")
+	for i, p := range pairs {
+		if k, _, ok := strings.Cut(p, "="); ok || p != "" {
+			pairs[i] = k + "=REDACTED"
+		}
+	}
+	return u + "?" + strings.Join(pairs, "&")
+}
+
 func renderHTTP(st *spec.Step, sc *expr.Scope) (*HTTPRequest, error) {
 	u, err := expr.RenderString(st.URL, sc)
 	if err != nil {
 		return nil, err
 	}
 	if pu, perr := url.Parse(u); perr != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
-		return nil, fmt.Errorf("url %q (after templates) is not an absolute http or https URL", u)
+		return nil, fmt.Errorf("url %q (after templates) is not an absolute http or https URL", redactRawURL(u))
 	}
 	req := &HTTPRequest{URL: u, Method: st.Method}
 	if len(st.Headers) > 0 {

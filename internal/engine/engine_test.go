@@ -766,3 +766,39 @@ func TestNextDecidesEachStepOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestRenderedURLErrorKeepsSecretsOut: a URL that is no http or https URL
+// after its templates fails the step (template_error) with an error that
+// names it without its user information, its query's values or its
+// fragment, as an HTTP attempt's errors name its URL: the error is the
+// step's error and its span's status, and a query often carries an API
+// key. It was quoted whole. (Found by an audit.)
+func TestRenderedURLErrorKeepsSecretsOut(t *testing.T) {
+	def := parse(t, `{"name":"u","tasks":{"a":{"url":"https://{{trigger.body.host}}/v1?api_key=SECRETKEY&x=1#SECRETKEY"}}}`)
+	for _, host := range []string{"", "eu api.test", "api.test:44x3"} {
+		trig, _ := json.Marshal(map[string]string{"host": host})
+		d := decideAll(t, engine.Run{Def: def, TriggerBody: trig})["a"]
+		if d.Action != engine.TemplateError {
+			t.Fatalf("host %q: action %s, want template_error", host, d.Action)
+		}
+		if strings.Contains(d.Reason, "SECRETKEY") || !strings.Contains(d.Reason, "/v1?api_key=REDACTED") {
+			t.Errorf("host %q: reason %q: want the URL named without its query's values and fragment", host, d.Reason)
+		}
+	}
+	def = parse(t, `{"name":"u","tasks":{"a":{"url":"{{trigger.body.target}}"}}}`)
+	for _, target := range []string{
+		"https://svc:pa55word@api.test:44x3/v1",
+		"https://svc:pa%zzword@api.test/v1",
+		"ftp://svc:pa55word@api.test/v1?token=SECRETKEY",
+		"api.test/v1?token=SECRETKEY",
+	} {
+		trig, _ := json.Marshal(map[string]string{"target": target})
+		d := decideAll(t, engine.Run{Def: def, TriggerBody: trig})["a"]
+		if d.Action != engine.TemplateError {
+			t.Fatalf("target %q: action %s, want template_error", target, d.Action)
+		}
+		if strings.Contains(d.Reason, "SECRETKEY") || strings.Contains(d.Reason, "pa55") || strings.Contains(d.Reason, "pa%zz") || !strings.Contains(d.Reason, "api.test") {
+			t.Errorf("target %q: reason %q: want the URL named without its password and query's values", target, d.Reason)
+		}
+	}
+}

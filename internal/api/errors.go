@@ -94,7 +94,7 @@ func (s *Server) describeErr(r *http.Request, err error, attrs ...any) (int, Err
 	case errors.As(err, &ve):
 		return e(http.StatusUnprocessableEntity, CodeInvalidWorkflow, "the workflow definition is invalid", ve.Errors...)
 	case errors.Is(err, store.ErrNotFound):
-		return e(http.StatusNotFound, CodeNotFound, strings.TrimSuffix(err.Error(), ": "+store.ErrNotFound.Error()))
+		return e(http.StatusNotFound, CodeNotFound, err.Error()) // "workflow \"x\": not found"
 	case errors.Is(err, store.ErrConflict):
 		return e(http.StatusConflict, CodeAlreadyExists, strings.TrimSuffix(err.Error(), ": "+store.ErrConflict.Error()))
 	case errors.Is(err, runtime.ErrAlreadyDelivered):

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ferryhq/ferry/internal/cli"
 )
@@ -624,5 +625,131 @@ func TestReadmeCLIExample(t *testing.T) {
 	}
 	if n < 5 {
 		t.Fatalf("found %d ferry commands in README.md", n)
+	}
+}
+
+// TestDocErrorExamples provokes every one-line error answer that
+// docs/api.md and docs/workers.md show, and holds the server's answer
+// against it.
+func TestDocErrorExamples(t *testing.T) {
+	send := func(e *env, method, path, key, body string) (int, []byte) {
+		req, _ := http.NewRequest(method, e.url+path, strings.NewReader(body))
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, raw
+	}
+	waiting := func(e *env) string {
+		e.createWorkflow(`{"name": "checkout-flow", "tasks": {"payment-result": {"wait_for_webhook": {"timeout": "1h"}}}}`)
+		id := e.trigger("checkout-flow", `{}`)
+		cb := task(e.waitStep(id, "payment-result", "waiting"), "payment-result")["callback_url"].(string)
+		return cb[strings.Index(cb, "/wh/"):]
+	}
+	const sleepy = `{"name": "order-processing", "tasks": {"a": {"sleep": "1h"}}}`
+	provoke := map[string]func(e *env) (int, []byte){
+		`{"error": {"code": "unauthorized", "message": "missing API key: send Authorization: Bearer <key>"}}`: func(e *env) (int, []byte) {
+			return send(e, "GET", "/api/v1/workflows", "", "")
+		},
+		`{"error": {"code": "unauthorized", "message": "invalid API key"}}`: func(e *env) (int, []byte) {
+			return send(e, "GET", "/api/v1/workflows", "fry_nope", "")
+		},
+		`{"error": {"code": "already_exists", "message": "workflow \"order-processing\" already exists"}}`: func(e *env) (int, []byte) {
+			e.createWorkflow(sleepy)
+			return send(e, "POST", "/api/v1/workflows", apiKey, sleepy)
+		},
+		`{"error": {"code": "not_found", "message": "workflow \"order-processing\": not found"}}`: func(e *env) (int, []byte) {
+			return send(e, "GET", "/api/v1/workflows/order-processing", apiKey, "")
+		},
+		`{"error": {"code": "workflow_disabled", "message": "workflow \"order-processing\": workflow is disabled"}}`: func(e *env) (int, []byte) {
+			e.createWorkflow(`{"name": "order-processing", "enabled": false, "tasks": {"a": {"sleep": "1h"}}}`)
+			return send(e, "POST", "/api/v1/workflows/order-processing/trigger", apiKey, "{}")
+		},
+		`{"error": {"code": "not_found", "message": "run \"0195f3a2-8a10-7c3d-b1e2-3f4a5b6c7d8e\" does not belong to workflow \"checkout-flow\""}}`: func(e *env) (int, []byte) {
+			e.createWorkflow(`{"name": "checkout-flow", "tasks": {"a": {"sleep": "1h"}}}`)
+			e.createWorkflow(sleepy)
+			id := e.trigger("order-processing", "{}")
+			return send(e, "GET", "/api/v1/workflows/checkout-flow/runs/"+id, apiKey, "")
+		},
+		`{"error": {"code": "run_finished", "message": "run 0195f3a2-8a10-7c3d-b1e2-3f4a5b6c7d8e is completed: run already finished"}}`: func(e *env) (int, []byte) {
+			e.createWorkflow(`{"name": "order-processing", "tasks": {"charge": {"url": "https://myapp.com/api/charge"}}}`)
+			id := e.trigger("order-processing", "{}")
+			e.waitStatus(id, "completed")
+			return send(e, "POST", "/api/v1/runs/"+id+"/cancel", apiKey, "")
+		},
+		`{"error": {"code": "already_delivered", "message": "step payment-result: webhook already delivered"}}`: func(e *env) (int, []byte) {
+			wh := waiting(e)
+			if code, raw := send(e, "POST", wh, "", `{"status": "paid"}`); code != 202 {
+				t.Fatalf("first callback: %d %s", code, raw)
+			}
+			return send(e, "POST", wh, "", `{"status": "paid"}`)
+		},
+		`{"error": {"code": "step_finished", "message": "step payment-result is timeout and no longer accepts callbacks: step already finished"}}`: func(e *env) (int, []byte) {
+			wh := waiting(e)
+			e.clock.Advance(2 * time.Hour) // past the wait's timeout; its timer need not have fired
+			return send(e, "POST", wh, "", `{"status": "paid"}`)
+		},
+		`{"error": {"code": "not_found", "message": "unknown callback token"}}`: func(e *env) (int, []byte) {
+			return send(e, "POST", "/wh/wh_CCFS5TA5A763Y2LCXACEAPT3CK", "", "{}")
+		},
+		`{"error": {"code": "invalid_request", "message": "unknown field \"prio\"", "details": [{"path": "prio", "code": "invalid_request", "message": "unknown field \"prio\""}]}}`: func(e *env) (int, []byte) {
+			return send(e, "POST", "/api/v1/tasks", apiKey, `{"type": "billing.invoice.v1", "prio": 1}`)
+		},
+		`{"error": {"code": "stale_lease", "message": "task 01a200be-4ad5-73b4-8c9a-fa7428228c3c: stale lease token"}}`: func(e *env) (int, []byte) {
+			id := e.mustCall(201, "POST", "/api/v1/tasks", `{"type": "billing.invoice.v1"}`)["data"].(map[string]any)["id"].(string)
+			e.mustCall(200, "POST", "/api/v1/tasks/claim", `{"types": ["billing.%"]}`)
+			return send(e, "POST", "/api/v1/tasks/"+id+"/heartbeat", apiKey, `{"lease_token": "B2VCYOQIRKJ6WZ7H4D5SRKFQDD"}`)
+		},
+	}
+	// GET /healthz's 503 needs a database that cannot be reached.
+	untested := map[string]bool{`{"error": "database unreachable", "status": "unavailable"}`: true}
+	codes := map[string]int{"unauthorized": 401, "not_found": 404, "already_exists": 409, "workflow_disabled": 409,
+		"run_finished": 409, "already_delivered": 409, "step_finished": 409, "invalid_request": 400, "stale_lease": 409}
+	n := 0
+	for _, f := range []string{"docs/api.md", "docs/workers.md"} {
+		raw, err := os.ReadFile(filepath.Join("../..", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(raw), "\n") {
+			line = strings.TrimSpace(line)
+			if !strings.HasPrefix(line, `{"error": `) || untested[line] {
+				continue
+			}
+			n++
+			t.Run(fmt.Sprintf("%s_%d", f, n), func(t *testing.T) {
+				p, ok := provoke[line]
+				if !ok {
+					t.Fatalf("no way to provoke the documented error %s", line)
+				}
+				var want struct {
+					Error struct{ Code string }
+				}
+				if err := json.Unmarshal([]byte(line), &want); err != nil {
+					t.Fatal(err)
+				}
+				e := newEnv(t, "sqlite:"+filepath.Join(t.TempDir(), "ferry.db"))
+				code, body := p(e)
+				if code != codes[want.Error.Code] {
+					t.Errorf("status %d for %s", code, want.Error.Code)
+				}
+				var w, g any
+				_ = json.Unmarshal([]byte(line), &w)
+				if err := json.Unmarshal(body, &g); err != nil {
+					t.Fatalf("answer is not JSON: %s", body)
+				}
+				for _, d := range docShapeDiff("", w, g) {
+					t.Errorf("documented error differs: %s", d)
+				}
+			})
+		}
+	}
+	if n < 10 {
+		t.Fatalf("found %d documented errors", n)
 	}
 }

@@ -134,7 +134,7 @@ func (e eventRow) inRow() bool { return e.seq <= e.cap }
 // data that is itself a string comes fifth, after the step even when
 // that is "". The positions replace the keys of the object form the rows
 // held before migration 18 ({"seq":…,"type":…,"step":…,"data":…,"at":…}),
-// which unpackEvents still reads: a quarter of an event's bytes, 7 % of
+// which unpackEvents still reads: a quarter of an event's bytes, 6 % of
 // Postgres's WAL in the jobs workload and a tenth of its runs' pages.
 func (e eventRow) rowJSON(b []byte) []byte {
 	if e.implied {

@@ -645,9 +645,11 @@ func TestDocErrorExamples(t *testing.T) {
 		raw, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, raw
 	}
+	var lastRun string // the run waiting made
 	waiting := func(e *env) string {
 		e.createWorkflow(`{"name": "checkout-flow", "tasks": {"payment-result": {"wait_for_webhook": {"timeout": "1h"}}}}`)
 		id := e.trigger("checkout-flow", `{}`)
+		lastRun = id
 		cb := task(e.waitStep(id, "payment-result", "waiting"), "payment-result")["callback_url"].(string)
 		return cb[strings.Index(cb, "/wh/"):]
 	}
@@ -691,7 +693,11 @@ func TestDocErrorExamples(t *testing.T) {
 		},
 		`{"error": {"code": "step_finished", "message": "step payment-result is timeout and no longer accepts callbacks: step already finished"}}`: func(e *env) (int, []byte) {
 			wh := waiting(e)
-			e.clock.Advance(2 * time.Hour) // past the wait's timeout; its timer need not have fired
+			e.clock.Advance(2 * time.Hour) // past the wait's timeout
+			// The message the example shows is the one once the timer has
+			// ended the step (before that: "timed out at …"): wait for it,
+			// or the example races the timer loop.
+			e.waitStep(lastRun, "payment-result", "timeout")
 			return send(e, "POST", wh, "", `{"status": "paid"}`)
 		},
 		`{"error": {"code": "not_found", "message": "unknown callback token"}}`: func(e *env) (int, []byte) {

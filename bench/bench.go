@@ -288,6 +288,17 @@ func freshDatabase(ctx context.Context, database string) (url string, backend st
 	return "", "", nil, fmt.Errorf("database %q: use sqlite or a postgres:// URL", database)
 }
 
+// sqliteSynchronous is the synchronous level a SQLite URL's options ask
+// for, read as the store reads them (any case): "normal" or "full".
+func sqliteSynchronous(dsn string) string {
+	if _, q, ok := strings.Cut(dsn, "?"); ok {
+		if v, err := url.ParseQuery(q); err == nil && strings.EqualFold(v.Get("synchronous"), "normal") {
+			return "normal"
+		}
+	}
+	return "full"
+}
+
 func isPostgres(database string) bool {
 	return strings.HasPrefix(database, "postgres://") || strings.HasPrefix(database, "postgresql://")
 }
@@ -398,10 +409,7 @@ func start(ctx context.Context, o Options, handler worker.HandlerFunc) (*env, er
 		}
 	}
 	if backend == "sqlite" {
-		e.settings["sqlite_synchronous"] = "full"
-		if strings.Contains(dsn, "synchronous=normal") {
-			e.settings["sqlite_synchronous"] = "normal"
-		}
+		e.settings["sqlite_synchronous"] = sqliteSynchronous(dsn)
 		e.settings["sqlite_group_commit_max"] = 128
 	} else if u, err := url.Parse(o.Database); err == nil {
 		maxConns := any(postgres.DefaultMaxConns)

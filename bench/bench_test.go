@@ -287,3 +287,26 @@ func TestSeveralNodes(t *testing.T) {
 		}
 	}
 }
+
+// TestSQLiteSynchronousSetting: settings.sqlite_synchronous names the
+// level the store runs at, which reads the option in any case: NORMAL is
+// no sync of Ferry's own, and must not be reported as full.
+func TestSQLiteSynchronousSetting(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a workload")
+	}
+	for _, tc := range []struct{ database, want string }{
+		{"sqlite", "full"},
+		{"sqlite:x?synchronous=normal", "normal"},
+		{"sqlite:x?synchronous=NORMAL", "normal"},
+		{"sqlite:x?synchronous=Full", "full"},
+	} {
+		res, err := Run(t.Context(), Options{Workload: "jobs", Database: tc.database, N: 4, Workers: 2, Timeout: time.Minute}, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.database, err)
+		}
+		if got := res[0].Settings["sqlite_synchronous"]; got != tc.want {
+			t.Errorf("%s: sqlite_synchronous %v, want %s", tc.database, got, tc.want)
+		}
+	}
+}

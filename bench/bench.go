@@ -242,6 +242,10 @@ type env struct {
 	// only once the handlers are done, as a count reads every run of the
 	// workflow and would load the database being measured.
 	handled atomic.Int64
+	// failed counts handler calls that returned an error: a run whose
+	// last task failed still ends as completed (nothing is blocked), so
+	// the runs' statuses alone do not show it (waitDone).
+	failed atomic.Int64
 }
 
 func freshDatabase(ctx context.Context, database string) (url string, backend string, cleanup func(), err error) {
@@ -393,7 +397,11 @@ func start(ctx context.Context, o Options, handler worker.HandlerFunc) (*env, er
 		w.Handle("bench.noop.v1", func(ctx context.Context, t *worker.Task) (any, error) {
 			defer e.handled.Add(1)
 			defer handled[i].Add(1)
-			return handler(ctx, t)
+			out, err := handler(ctx, t)
+			if err != nil {
+				e.failed.Add(1)
+			}
+			return out, err
 		})
 		workers = append(workers, w)
 	}
@@ -447,7 +455,8 @@ func noop(context.Context, *worker.Task) (any, error) { return map[string]any{"o
 // countEvery: see waitDone.
 const countEvery = 10 * time.Second
 
-// waitDone waits until n runs of the workflow are finished. It counts
+// waitDone waits until n runs of the workflow are finished, and fails
+// unless all of them completed with no task attempt failed. It counts
 // runs in the database (a count reads every run of the workflow) every
 // 20 ms once the handlers have been called calls times, and before that
 // only every countEvery, in case runs end without their handlers: a count
@@ -471,7 +480,13 @@ func (e *env) waitDone(ctx context.Context, workflowID string, n int, calls int6
 				}
 			}
 			if done >= n {
-				return counts[status.RunCompleted], nil
+				// Figures of runs that failed, or whose tasks did, are
+				// not the workload's: say so rather than report them.
+				completed, failed := counts[status.RunCompleted], e.failed.Load()
+				if completed < n || failed > 0 {
+					return completed, fmt.Errorf("%d of %d runs completed and %d task attempts failed (%v)", completed, n, failed, counts)
+				}
+				return completed, nil
 			}
 			if time.Now().After(deadline) {
 				return counts[status.RunCompleted], fmt.Errorf("timed out: %d of %d runs finished (%v)", done, n, counts)

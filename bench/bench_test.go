@@ -2,14 +2,18 @@ package bench
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ferryhq/ferry/internal/store/postgres/pgtest"
+	"github.com/ferryhq/ferry/worker"
 )
 
 // TestWorkloadsReportEveryKey runs each workload small on both backends and
@@ -308,5 +312,32 @@ func TestSQLiteSynchronousSetting(t *testing.T) {
 		if got := res[0].Settings["sqlite_synchronous"]; got != tc.want {
 			t.Errorf("%s: sqlite_synchronous %v, want %s", tc.database, got, tc.want)
 		}
+	}
+}
+
+// TestFailedTasksFailTheWorkload: a workload in which tasks failed gives
+// an error, not figures. A run whose last step's task failed ends as
+// completed (no step is blocked; the step statuses tell), so counting
+// completed runs alone reported every such run of jobs as done.
+func TestFailedTasksFailTheWorkload(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a workload")
+	}
+	o := Options{Database: "sqlite", N: 6, Workers: 2, Concurrency: 8, Timeout: time.Minute}
+	var calls atomic.Int64
+	e, err := start(t.Context(), o, func(context.Context, *worker.Task) (any, error) {
+		if calls.Add(1) <= 3 {
+			return nil, errors.New("the first three tasks fail")
+		}
+		return map[string]any{"ok": true}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.stop()
+	def := `{"name": "bench-failing", "tasks": {"job": {"retries": 0, "task": {"type": "bench.noop.v1"}}}}`
+	r, _, err := e.drive(t.Context(), o, "failing", def, 1, 1, false, false)
+	if err == nil || !strings.Contains(err.Error(), "3 task attempts failed") {
+		t.Fatalf("three of six tasks failed: err %v, result %+v", err, r)
 	}
 }

@@ -422,3 +422,25 @@ func testLeaseUntilAsStored(t *testing.T, s *fsrv) {
 		t.Errorf("eager claim answered lease_until %v; the task has %v", got, want)
 	}
 }
+
+// A YAML definition whose strings hold a control character (escaped, as
+// "\e[1m" or "\0", or written as it is) is valid YAML and is accepted as
+// the same definition in JSON is: it was refused as "invalid JSON:
+// invalid character 'x' in string escape code" (the YAML was converted
+// to JSON with Go's escapes, \x1b, which JSON does not have).
+func TestBadInputYAMLControlCharacters(t *testing.T) {
+	s := startF(t, false, nil)
+	doc := "name: ctl\ntasks:\n  a:\n    url: http://x.example/\n    headers: {X-Tag: \"\\e[1m\\a\\v\\x7f\"}\n    body: {\"k\\x01\": \"\\0 \\U000E0001 \x7f\"}\n"
+	r := s.do("POST", "/api/v1/workflows", doc)
+	if r.status != 201 {
+		t.Fatalf("YAML definition with control characters: %d %s", r.status, r.raw)
+	}
+	g := s.do("GET", "/api/v1/workflows/ctl", "")
+	a, _ := g.data()["tasks"].(map[string]any)["a"].(map[string]any)
+	if h, _ := a["headers"].(map[string]any)["X-Tag"].(string); h != "\x1b[1m\a\v\x7f" {
+		t.Errorf("headers.X-Tag read back %q", h)
+	}
+	if b, _ := a["body"].(map[string]any)["k\x01"].(string); b != "\x00 \U000E0001 \x7f" {
+		t.Errorf("body read back %s", g.raw)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/goccy/go-yaml"
@@ -190,7 +191,82 @@ func yamlToJSON(doc []byte) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("invalid YAML: %w", err)
 	}
-	return out, nil
+	return goEscapesToJSON(out), nil
+}
+
+// goEscapesToJSON rewrites the escapes the YAML encoder writes in its JSON
+// strings (it quotes them with strconv.Quote) that JSON does not have:
+// \a, \v, \xHH and \UHHHHHHHH. Without it, a YAML string holding a
+// control character ("\e[1m", "\0", a raw DEL) came out as text that is
+// not JSON, and a valid definition was refused as invalid JSON.
+func goEscapesToJSON(b []byte) []byte {
+	if !bytes.Contains(b, []byte(`\`)) {
+		return b
+	}
+	out := make([]byte, 0, len(b)+16)
+	inString := false
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		switch {
+		case c == '"':
+			inString = !inString
+		case c == '\\' && inString && i+1 < len(b):
+			hexAt := func(from, n int) (rune, bool) {
+				if from+n > len(b) {
+					return 0, false
+				}
+				var r rune
+				for _, h := range b[from : from+n] {
+					switch {
+					case '0' <= h && h <= '9':
+						r = r<<4 | rune(h-'0')
+					case 'a' <= h && h <= 'f':
+						r = r<<4 | rune(h-'a'+10)
+					case 'A' <= h && h <= 'F':
+						r = r<<4 | rune(h-'A'+10)
+					default:
+						return 0, false
+					}
+				}
+				return r, true
+			}
+			switch b[i+1] {
+			case 'a':
+				out = append(out, `\u0007`...)
+				i++
+				continue
+			case 'v':
+				out = append(out, `\u000b`...)
+				i++
+				continue
+			case 'x':
+				if r, ok := hexAt(i+2, 2); ok {
+					if r >= utf8.RuneSelf {
+						r = utf8.RuneError // a byte that is not UTF-8 (the input is)
+					}
+					out = fmt.Appendf(out, `\u%04x`, r)
+					i += 3
+					continue
+				}
+			case 'U':
+				if r, ok := hexAt(i+2, 8); ok {
+					if r1, r2 := utf16.EncodeRune(r); r1 != utf8.RuneError {
+						out = fmt.Appendf(out, `\u%04x\u%04x`, r1, r2)
+					} else {
+						out = fmt.Appendf(out, `\u%04x`, r)
+					}
+					i += 9
+					continue
+				}
+			}
+			// A JSON escape (\", \\, \n, \uHHHH…): kept.
+			out = append(out, c, b[i+1])
+			i++
+			continue
+		}
+		out = append(out, c)
+	}
+	return out
 }
 
 // yamlDocuments counts the documents in a stream's tokens: each "---",

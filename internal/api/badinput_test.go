@@ -444,3 +444,52 @@ func TestBadInputYAMLControlCharacters(t *testing.T) {
 		t.Errorf("body read back %s", g.raw)
 	}
 }
+
+// A trigger body or a callback payload nested too deeply to be answered
+// inside the run (encoding/json reads and writes 10,000 levels; a run
+// holds its input 2 levels down and a step's body 4) was taken, and the
+// run was answered 200 with an empty body ever after. A trigger body is
+// refused past api.MaxJSONNesting (1,000) levels; a callback payload past it is
+// answered as its text, as one that is not JSON is.
+func TestBadInputDeeplyNestedRunInput(t *testing.T) {
+	s := startF(t, false, nil)
+	nest := func(n int) string { return strings.Repeat("[", n) + `"<"` + strings.Repeat("]", n) }
+	if r := s.do("POST", "/api/v1/workflows", `{"name":"w","tasks":{"a":{"wait_for_webhook":true}}}`); r.status != 201 {
+		t.Fatalf("create: %d %s", r.status, r.raw)
+	}
+	want4xx(t, "trigger body nested 10,000 levels", s.do("POST", "/api/v1/workflows/w/trigger", nest(10_000)), 400, "invalid_json", "")
+	want4xx(t, "batch input nested 1,001 levels", s.do("POST", "/api/v1/workflows/w/trigger-batch", `{"runs":[{},{"input":`+nest(1001)+`}]}`), 400, "invalid_request", "runs[1].input")
+
+	r := s.do("POST", "/api/v1/workflows/w/trigger", `{"a":`+nest(999)+`}`)
+	if r.status != 201 {
+		t.Fatalf("trigger body nested 1,000 levels: %d %s", r.status, r.raw)
+	}
+	id := r.data()["run_id"].(string)
+	run := s.do("GET", "/api/v1/runs/"+id, "")
+	if run.status != 200 || run.data()["input"] == nil {
+		t.Fatalf("GET the run of a trigger body nested 1,000 levels: %d %.200s", run.status, run.raw)
+	}
+	step := func(run fresp) map[string]any {
+		tasks, _ := run.data()["tasks"].(map[string]any)
+		a, _ := tasks["a"].(map[string]any)
+		return a
+	}
+	cb, _ := step(run)["callback_url"].(string)
+	if !strings.Contains(cb, "/wh/") {
+		t.Fatalf("no callback_url: %.300s", run.raw)
+	}
+	u := s.url + cb[strings.Index(cb, "/wh/"):]
+	resp, err := http.Post(u, "application/json", strings.NewReader(nest(9_999)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 202 {
+		t.Fatalf("callback: %d", resp.StatusCode)
+	}
+	run = s.do("GET", "/api/v1/runs/"+id, "")
+	body, _ := step(run)["body"].(string)
+	if run.status != 200 || body != nest(9_999) {
+		t.Errorf("GET a run whose callback payload nests 10,000 levels: %d, %d bytes: %.200s", run.status, len(run.raw), run.raw)
+	}
+}

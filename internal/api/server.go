@@ -164,6 +164,42 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mux.ServeHTTP(w, r)
 }
 
+// MaxJSONNesting bounds how deeply a run's input (a trigger body) nests,
+// and how deeply a callback payload may nest to be answered as JSON. A run
+// is answered with them 2 to 4 levels down (data.input,
+// data.tasks.<step>.body), and encoding/json (here, and in clients) reads
+// and writes at most 10,000 levels: a trigger body of 10,000 levels was
+// started, and its run was answered 200 with an empty body ever after.
+const MaxJSONNesting = 1000
+
+// jsonNesting is how deeply the JSON text b nests its arrays and objects.
+func jsonNesting(b []byte) int {
+	depth, deepest, inString := 0, 0, false
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if inString {
+			switch c {
+			case '\\':
+				i++
+			case '"':
+				inString = false
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inString = true
+		case '[', '{':
+			if depth++; depth > deepest {
+				deepest = depth
+			}
+		case ']', '}':
+			depth--
+		}
+	}
+	return deepest
+}
+
 // MaxIdempotencyKey bounds idempotency keys (they are indexed).
 const MaxIdempotencyKey = 255
 
@@ -446,6 +482,11 @@ func (s *Server) trigger(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, CodeInvalidJSON, "trigger body must be JSON", spec.FieldError{Path: "", Code: CodeInvalidJSON, Message: err.Error()})
 		return
 	}
+	if jsonNesting(b) > MaxJSONNesting {
+		msg := fmt.Sprintf("trigger body nests more than %d levels deep", MaxJSONNesting)
+		writeError(w, http.StatusBadRequest, CodeInvalidJSON, msg, spec.FieldError{Path: "", Code: CodeInvalidJSON, Message: msg})
+		return
+	}
 	if msg := checkIdempotencyKey(r.Header.Get("Idempotency-Key")); msg != "" {
 		badField(w, "Idempotency-Key", msg)
 		return
@@ -544,6 +585,10 @@ func (s *Server) triggerBatch(w http.ResponseWriter, r *http.Request) {
 			if len(item.Input) > MaxTriggerBody {
 				msg := fmt.Sprintf("%s.input is over %d bytes", path, MaxTriggerBody)
 				writeError(w, http.StatusRequestEntityTooLarge, CodeTooLarge, msg, spec.FieldError{Path: path + ".input", Code: CodeTooLarge, Message: msg})
+				return
+			}
+			if jsonNesting(item.Input) > MaxJSONNesting {
+				badField(w, path+".input", fmt.Sprintf("%s.input nests more than %d levels deep", path, MaxJSONNesting))
 				return
 			}
 			var compact bytes.Buffer

@@ -104,7 +104,13 @@ func runJSON(run *store.Run, steps []*store.StepRun, rt *runtime.Runtime) any {
 	if steps == nil {
 		return o
 	}
-	o.set("input", run.Input)
+	if jsonNesting(run.Input) > MaxJSONNesting {
+		// Started before MaxJSONNesting: answered as its text, not as no
+		// answer at all.
+		o.set("input", string(run.Input))
+	} else {
+		o.set("input", run.Input)
+	}
 	tasks := &ordered{}
 	for _, s := range steps {
 		t := &ordered{}
@@ -133,7 +139,9 @@ func runJSON(run *store.Run, steps []*store.StepRun, rt *runtime.Runtime) any {
 			t.set("callback_url", rt.CallbackURL(s.CallbackToken))
 		}
 		if s.Body != nil {
-			if json.Valid(s.Body) && !s.Truncated {
+			// A payload nested deeper than MaxJSONNesting is answered as
+			// its text, as one that is not JSON is.
+			if json.Valid(s.Body) && !s.Truncated && jsonNesting(s.Body) <= MaxJSONNesting {
 				// Bytes that are not UTF-8 can only be inside its strings
 				// (json.Valid lets them through): replaced there, as a
 				// template reads them, the answer stays JSON (RFC 8259).

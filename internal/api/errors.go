@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -56,15 +57,24 @@ type ErrorDetail struct {
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
 	if b, bp := encodeResponse(v); b != nil {
+		w.WriteHeader(code)
 		_, _ = w.Write(b)
 		putResponse(bp, b)
 		return
 	}
-	enc := json.NewEncoder(w)
+	// Encoded before the status goes out: an answer encoding/json refuses
+	// (JSON nested past its limit) was a 2xx with an empty body.
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
-	_ = enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		w.WriteHeader(http.StatusInternalServerError)
+		_ = json.NewEncoder(w).Encode(ErrorBody{ErrorDetail{Code: CodeInternal, Message: "internal error: the answer could not be encoded"}})
+		return
+	}
+	w.WriteHeader(code)
+	_, _ = w.Write(buf.Bytes())
 }
 
 func writeData(w http.ResponseWriter, code int, v any) {

@@ -3,7 +3,9 @@ package api
 import (
 	"bytes"
 	"encoding/json"
+	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -292,4 +294,19 @@ func BenchmarkCompletionAnswer(b *testing.B) {
 			_ = enc.Encode(ref)
 		}
 	})
+}
+
+// TestUnencodableAnswerIs500: an answer encoding/json refuses is a 500
+// with an error body, not the status the handler meant with an empty
+// body (its status used to go out before the encoding failed).
+func TestUnencodableAnswerIs500(t *testing.T) {
+	rec := httptest.NewRecorder()
+	deep := any("x")
+	for range 10001 {
+		deep = []any{deep}
+	}
+	writeJSON(rec, http.StatusOK, map[string]any{"data": deep, "f": func() {}})
+	if rec.Code != http.StatusInternalServerError || !strings.Contains(rec.Body.String(), `"code":"internal"`) {
+		t.Fatalf("answer %d %q, want 500 with an internal error body", rec.Code, rec.Body.String())
+	}
 }

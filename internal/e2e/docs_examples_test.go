@@ -160,16 +160,8 @@ func shellWords(t *testing.T, s string) [][]string {
 				i++
 			}
 			i--
-		case c == '\'':
-			j := strings.IndexByte(s[i+1:], '\'')
-			if j < 0 {
-				t.Fatalf("unterminated quote in %q", s)
-			}
-			w.WriteString(s[i+1 : i+1+j])
-			inWord = true
-			i += j + 1
-		case c == '"':
-			j := strings.IndexByte(s[i+1:], '"')
+		case c == '\'' || c == '"':
+			j := strings.IndexByte(s[i+1:], c)
 			if j < 0 {
 				t.Fatalf("unterminated quote in %q", s)
 			}

@@ -47,15 +47,7 @@ func TestWorkflowFormatDocExamples(t *testing.T) {
 
 // TestReadmeExampleParses keeps the README's first workflow valid.
 func TestReadmeExampleParses(t *testing.T) {
-	doc, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile("(?s)<<'EOF'\n(.*?)\nEOF").FindStringSubmatch(string(doc))
-	if m == nil {
-		t.Fatal("README has no workflow heredoc")
-	}
-	if _, err := spec.Parse([]byte(m[1]), spec.DefaultLimits); err != nil {
+	if _, err := spec.Parse([]byte(readmeWorkflow(t)), spec.DefaultLimits); err != nil {
 		t.Errorf("README example: %v", err)
 	}
 }

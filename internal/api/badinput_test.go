@@ -493,3 +493,49 @@ func TestBadInputDeeplyNestedRunInput(t *testing.T) {
 		t.Errorf("GET a run whose callback payload nests 10,000 levels: %d, %d bytes: %.200s", run.status, len(run.raw), run.raw)
 	}
 }
+
+// Outside /api/ a path no route takes is a JSON 404, and one a route
+// takes with another method a JSON 405 naming the methods (Allow too):
+// a callback sender asking GET /wh/{token}, or a probe POSTing /healthz,
+// got the mux's text pages. The token stays out of the message.
+func TestBadInputOutsideAPIIsJSON(t *testing.T) {
+	s := startF(t, false, nil)
+	for _, c := range []struct {
+		method, path string
+		status       int
+		code, allow  string
+	}{
+		{"GET", "/wh/wh_SECRETTOKEN", 405, "method_not_allowed", "POST"},
+		{"POST", "/healthz", 405, "method_not_allowed", "GET"},
+		{"PUT", "/openapi.yaml", 405, "method_not_allowed", "GET"},
+		{"POST", "/wh/", 404, "not_found", ""},
+		{"GET", "/nope", 404, "not_found", ""},
+		{"GET", "/", 404, "not_found", ""},
+	} {
+		req, err := http.NewRequest(c.method, s.url+c.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var body struct {
+			Error struct {
+				Code string `json:"code"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal(raw, &body); err != nil || resp.StatusCode != c.status || body.Error.Code != c.code || resp.Header.Get("Allow") != c.allow {
+			t.Errorf("%s %s: %d Allow=%q %s; want %d %q with Allow %q", c.method, c.path, resp.StatusCode, resp.Header.Get("Allow"), raw, c.status, c.code, c.allow)
+		}
+		if strings.Contains(string(raw), "SECRETTOKEN") {
+			t.Errorf("%s %s: the answer names the token: %s", c.method, c.path, raw)
+		}
+	}
+	// The routes themselves are unchanged.
+	if r := s.do("GET", "/healthz", ""); r.status != 200 {
+		t.Errorf("GET /healthz: %d %s", r.status, r.raw)
+	}
+}

@@ -31,6 +31,9 @@ const (
 	CodeStaleLease       = "stale_lease"
 	CodeTaskFinished     = "task_finished"
 	CodeInternal         = "internal"
+	// CodeMethodNotAllowed: a path outside /api/ that takes other methods
+	// (POST /wh/{token} asked with GET).
+	CodeMethodNotAllowed = "method_not_allowed"
 	// CodeClientClosed answers a request whose client hung up before it
 	// was answered; no one reads it (see StatusClientClosed).
 	CodeClientClosed = "client_closed_request"

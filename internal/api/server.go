@@ -19,6 +19,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/ferryhq/ferry/internal/httpwrap"
 	"github.com/ferryhq/ferry/internal/runtime"
 	"github.com/ferryhq/ferry/internal/spec"
 	"github.com/ferryhq/ferry/internal/store"
@@ -151,6 +152,32 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("/api/", s.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, CodeNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	}))
+	// And outside it (callbacks, the system endpoints): a JSON 405 for a
+	// path one of them takes with another method, else a JSON 404. With
+	// a pattern for every path, the mux no longer answers either itself
+	// (as text: a callback sender or a probe got "page not found").
+	s.mux.HandleFunc("/", s.elsewhere)
+}
+
+// elsewhere answers a request outside /api/ that no route takes.
+func (s *Server) elsewhere(w http.ResponseWriter, r *http.Request) {
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodPost} {
+		if m == r.Method {
+			continue
+		}
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pattern := s.mux.Handler(probe); pattern != "/" && pattern != "" {
+			allow = append(allow, m)
+		}
+	}
+	if len(allow) > 0 {
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+		writeError(w, http.StatusMethodNotAllowed, CodeMethodNotAllowed, r.Method+" "+httpwrap.RedactPath(r.URL.Path)+": use "+strings.Join(allow, " or "))
+		return
+	}
+	writeError(w, http.StatusNotFound, CodeNotFound, "no such endpoint: "+r.Method+" "+httpwrap.RedactPath(r.URL.Path))
 }
 
 // ServeHTTP implements http.Handler.

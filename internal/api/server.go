@@ -199,9 +199,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // started, and its run was answered 200 with an empty body ever after.
 const MaxJSONNesting = 1000
 
-// jsonNesting is how deeply the JSON text b nests its arrays and objects.
-func jsonNesting(b []byte) int {
-	depth, deepest, inString := 0, 0, false
+// nestsTooDeep says whether the JSON text b nests its arrays and objects
+// more than MaxJSONNesting levels. Every trigger and every read of a run
+// asks, so it stops at the first level past the limit, and text too
+// short to hold that many brackets is not scanned at all.
+func nestsTooDeep(b []byte) bool {
+	if len(b) <= 2*MaxJSONNesting {
+		return false
+	}
+	depth, inString := 0, false
 	for i := 0; i < len(b); i++ {
 		c := b[i]
 		if inString {
@@ -217,14 +223,14 @@ func jsonNesting(b []byte) int {
 		case '"':
 			inString = true
 		case '[', '{':
-			if depth++; depth > deepest {
-				deepest = depth
+			if depth++; depth > MaxJSONNesting {
+				return true
 			}
 		case ']', '}':
 			depth--
 		}
 	}
-	return deepest
+	return false
 }
 
 // MaxIdempotencyKey bounds idempotency keys (they are indexed).
@@ -509,7 +515,7 @@ func (s *Server) trigger(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, CodeInvalidJSON, "trigger body must be JSON", spec.FieldError{Path: "", Code: CodeInvalidJSON, Message: err.Error()})
 		return
 	}
-	if jsonNesting(b) > MaxJSONNesting {
+	if nestsTooDeep(b) {
 		msg := fmt.Sprintf("trigger body nests more than %d levels deep", MaxJSONNesting)
 		writeError(w, http.StatusBadRequest, CodeInvalidJSON, msg, spec.FieldError{Path: "", Code: CodeInvalidJSON, Message: msg})
 		return
@@ -614,7 +620,7 @@ func (s *Server) triggerBatch(w http.ResponseWriter, r *http.Request) {
 				writeError(w, http.StatusRequestEntityTooLarge, CodeTooLarge, msg, spec.FieldError{Path: path + ".input", Code: CodeTooLarge, Message: msg})
 				return
 			}
-			if jsonNesting(item.Input) > MaxJSONNesting {
+			if nestsTooDeep(item.Input) {
 				badField(w, path+".input", fmt.Sprintf("%s.input nests more than %d levels deep", path, MaxJSONNesting))
 				return
 			}

@@ -104,7 +104,7 @@ func runJSON(run *store.Run, steps []*store.StepRun, rt *runtime.Runtime) any {
 	if steps == nil {
 		return o
 	}
-	if jsonNesting(run.Input) > MaxJSONNesting {
+	if nestsTooDeep(run.Input) {
 		// Started before MaxJSONNesting: answered as its text, not as no
 		// answer at all.
 		o.set("input", string(run.Input))
@@ -141,7 +141,7 @@ func runJSON(run *store.Run, steps []*store.StepRun, rt *runtime.Runtime) any {
 		if s.Body != nil {
 			// A payload nested deeper than MaxJSONNesting is answered as
 			// its text, as one that is not JSON is.
-			if json.Valid(s.Body) && !s.Truncated && jsonNesting(s.Body) <= MaxJSONNesting {
+			if json.Valid(s.Body) && !s.Truncated && !nestsTooDeep(s.Body) {
 				// Bytes that are not UTF-8 can only be inside its strings
 				// (json.Valid lets them through): replaced there, as a
 				// template reads them, the answer stays JSON (RFC 8259).

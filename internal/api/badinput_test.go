@@ -539,3 +539,24 @@ func TestBadInputOutsideAPIIsJSON(t *testing.T) {
 		t.Errorf("GET /healthz: %d %s", r.status, r.raw)
 	}
 }
+
+// A task type read back with GET (an unset retry_delay is null) can be
+// sent back with PUT as it is, and null means the default on POST
+// /tasks as it does for run_at: null was refused as "must be a
+// duration".
+func TestBadInputNullRetryDelayIsUnset(t *testing.T) {
+	s := startF(t, false, nil)
+	r := s.do("PUT", "/api/v1/task-types/a.v1", `{"description":"d"}`)
+	if r.status != 200 || r.data()["retry_delay"] != nil {
+		t.Fatalf("put: %d %s", r.status, r.raw)
+	}
+	got := s.do("GET", "/api/v1/task-types/a.v1", "")
+	body, _ := json.Marshal(map[string]any{"description": "e", "enabled": got.data()["enabled"], "max_attempts": got.data()["max_attempts"], "retry_delay": got.data()["retry_delay"]})
+	if r = s.do("PUT", "/api/v1/task-types/a.v1", string(body)); r.status != 200 || r.data()["retry_delay"] != nil || r.data()["description"] != "e" {
+		t.Fatalf("put back %s: %d %s", body, r.status, r.raw)
+	}
+	if r = s.do("POST", "/api/v1/tasks", `{"type":"a.v1","retry_delay":null,"run_at":null}`); r.status != 201 {
+		t.Fatalf("post task with null retry_delay: %d %s", r.status, r.raw)
+	}
+	want4xx(t, "retry_delay false", s.do("POST", "/api/v1/tasks", `{"type":"a.v1","retry_delay":false}`), 400, "invalid_request", "retry_delay")
+}

@@ -231,6 +231,13 @@ func nullable(s string) any {
 	return s
 }
 
+// given reports whether an optional field was set: absent and null both
+// mean "use the default", so that what GET shows (null for an unset
+// retry_delay) can be sent back with PUT.
+func given(raw json.RawMessage) bool {
+	return len(raw) > 0 && string(raw) != "null"
+}
+
 type createTaskRequest struct {
 	Type           string          `json:"type"`
 	Payload        json.RawMessage `json:"payload"`
@@ -269,7 +276,7 @@ func (s *Server) createTask(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	nt := runtime.NewTask{Type: req.Type, Payload: req.Payload, Priority: req.Priority, IdempotencyKey: req.IdempotencyKey, MaxAttempts: req.MaxAttempts}
-	if len(req.RunAt) > 0 && string(req.RunAt) != "null" {
+	if given(req.RunAt) {
 		var at time.Time
 		if err := json.Unmarshal(req.RunAt, &at); err != nil {
 			badField(w, "run_at", `run_at must be an RFC 3339 time like "2026-03-01T09:00:00Z"`)
@@ -281,7 +288,7 @@ func (s *Server) createTask(w http.ResponseWriter, r *http.Request) {
 		}
 		nt.RunAt = &at
 	}
-	if len(req.RetryDelay) > 0 {
+	if given(req.RetryDelay) {
 		d, err := spec.DurationFromJSON(req.RetryDelay, time.Second)
 		if err != nil || d < time.Millisecond {
 			badField(w, "retry_delay", "retry_delay must be a duration of at least 1ms, like \"30s\", or seconds as a number")
@@ -637,7 +644,7 @@ func locateCompleteProblem(b []byte) *spec.FieldError {
 			return fe
 		}
 	}
-	if len(raw.Next) > 0 && string(raw.Next) != "null" {
+	if given(raw.Next) {
 		return decodeStrictBytes(raw.Next, &claimRequest{}, "next")
 	}
 	return nil
@@ -728,7 +735,7 @@ func (s *Server) putTaskType(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	tt := &store.TaskType{Type: typ, Description: req.Description, Enabled: req.Enabled == nil || *req.Enabled, MaxAttempts: req.MaxAttempts}
-	if len(req.RetryDelay) > 0 {
+	if given(req.RetryDelay) {
 		d, err := spec.DurationFromJSON(req.RetryDelay, time.Second)
 		if err != nil || d < time.Millisecond {
 			badField(w, "retry_delay", "retry_delay must be a duration of at least 1ms, like \"30s\", or seconds as a number")

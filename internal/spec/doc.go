@@ -3,6 +3,7 @@
 // path and a machine-readable code, normalisation (defaults) and the content
 // fingerprint that identifies a version.
 //
-// It may import internal/expr (to check templates and conditions) and the
+// It may import internal/expr (to check templates and conditions),
+// golang.org/x/net/http/httpguts (header names and values) and the
 // standard library; it must not import the store, engine, runtime or api.
 package spec

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/url"
 	"regexp"
@@ -19,6 +20,7 @@ import (
 	"github.com/goccy/go-yaml/lexer"
 	"github.com/goccy/go-yaml/token"
 	"github.com/google/uuid"
+	"golang.org/x/net/http/httpguts"
 )
 
 var (
@@ -567,6 +569,29 @@ func lastSegment(path string) string {
 	return path
 }
 
+// checkHeaders refuses at create time what the step could never send:
+// a name that is not an HTTP token, a value with a control character
+// (templates cannot remove one), or one name given twice in different
+// case, of which the request would carry whichever came last in map
+// order. Stored versions are not checked again: their steps fail at run
+// time as before.
+func checkHeaders(c *collector, path string, h map[string]string) {
+	seen := make(map[string]string, len(h))
+	for _, k := range slices.Sorted(maps.Keys(h)) {
+		p := path + "." + k
+		switch canon := strings.ToLower(k); {
+		case !httpguts.ValidHeaderFieldName(k):
+			c.add(p, CodeInvalidValue, "header name %q must be an HTTP token: letters, digits and !#$%%&'*+-.^_`|~", k)
+		case !httpguts.ValidHeaderFieldValue(h[k]):
+			c.add(p, CodeInvalidValue, "header %q has a control character in its value", k)
+		case seen[canon] != "":
+			c.add(p, CodeInvalidValue, "header %q is also given as %q: header names are case-insensitive", k, seen[canon])
+		default:
+			seen[canon] = k
+		}
+	}
+}
+
 // fieldTypes says which step types a type-specific field is allowed on.
 var fieldTypes = map[string][]StepType{
 	"method": {StepHTTP}, "headers": {StepHTTP}, "body": {StepHTTP}, "timeout": {StepHTTP},
@@ -617,6 +642,8 @@ func parseStep(c *collector, path, name string, raw json.RawMessage) *Step {
 		case "headers":
 			if err := json.Unmarshal(m.Value, &st.Headers); err != nil {
 				c.add(p, CodeInvalidType, "headers must be an object of string values")
+			} else if !c.stored {
+				checkHeaders(c, p, st.Headers)
 			}
 		case "body":
 			dec := json.NewDecoder(bytes.NewReader(m.Value))

@@ -945,3 +945,34 @@ func TestParseYAMLOneDocument(t *testing.T) {
 		}
 	}
 }
+
+// A header the step could never send is refused when the definition is
+// submitted, at its path, in JSON and YAML alike: it used to be stored
+// and fail every run's step (a name with a newline or a space, a value
+// with a control character), and two names differing only in case sent
+// whichever map order put last. A stored version is read as it was.
+func TestParseHeadersRefusedAtCreate(t *testing.T) {
+	docs := map[string][]byte{
+		"json": []byte(`{"name":"h","tasks":{"a":{"url":"https://x.test","headers":{"Bad\nName":"v","With Space":"v","X-Ok":"a\u0007b","X-Tab":"a\tb {{trigger.body.k}}","x-dup":"1","X-Dup":"2"}}}}`),
+		"yaml": []byte("name: h\ntasks:\n  a:\n    url: https://x.test\n    headers:\n      \"Bad\\nName\": v\n      With Space: v\n      X-Ok: \"a\\ab\"\n      X-Tab: \"a\\tb {{trigger.body.k}}\"\n      x-dup: \"1\"\n      X-Dup: \"2\"\n"),
+	}
+	for name, doc := range docs {
+		t.Run(name, func(t *testing.T) {
+			_, err := spec.Parse(doc, spec.DefaultLimits)
+			var got []string
+			for _, fe := range validationErrors(t, err) {
+				if fe.Code != spec.CodeInvalidValue {
+					t.Errorf("%s: code %s, want %s", fe.Path, fe.Code, spec.CodeInvalidValue)
+				}
+				got = append(got, fe.Path)
+			}
+			sort.Strings(got)
+			if want := []string{"tasks.a.headers.Bad\nName", "tasks.a.headers.With Space", "tasks.a.headers.X-Ok", "tasks.a.headers.x-dup"}; !slices.Equal(got, want) {
+				t.Errorf("errors at %q, want %q", got, want)
+			}
+			if _, err := spec.Parse(doc, spec.Limits{Stored: true}); err != nil {
+				t.Errorf("the stored version: %v", err)
+			}
+		})
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/ferryhq/ferry/internal/netguard"
+	"golang.org/x/net/http/httpguts"
 )
 
 const (
@@ -265,7 +266,7 @@ func (e *Executor) build(ctx context.Context, r Request) (*http.Request, error) 
 	if method == "" {
 		method = http.MethodPost
 	}
-	if !validToken(method) {
+	if !httpguts.ValidHeaderFieldName(method) { // a method is a token too
 		return nil, fmt.Errorf("%w: bad method %q", ErrInvalidRequest, method)
 	}
 	var body io.Reader
@@ -277,10 +278,10 @@ func (e *Executor) build(ctx context.Context, r Request) (*http.Request, error) 
 		return nil, fmt.Errorf("%w: %v", ErrInvalidRequest, err)
 	}
 	for k, v := range r.Headers {
-		if !validToken(k) {
+		if !httpguts.ValidHeaderFieldName(k) {
 			return nil, fmt.Errorf("%w: bad header name %q", ErrInvalidRequest, k)
 		}
-		if !validHeaderValue(v) {
+		if !httpguts.ValidHeaderFieldValue(v) {
 			return nil, fmt.Errorf("%w: bad value for header %q", ErrInvalidRequest, k)
 		}
 		if http.CanonicalHeaderKey(k) == "Host" {
@@ -312,33 +313,6 @@ func (e *Executor) build(ctx context.Context, r Request) (*http.Request, error) 
 		req.Header.Set("X-Ferry-Attempt", strconv.Itoa(r.Attempt))
 	}
 	return req, nil
-}
-
-// validToken reports whether s is an RFC 9110 token (method, header name).
-func validToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' {
-			continue
-		}
-		if !strings.ContainsRune("!#$%&'*+-.^_`|~", rune(c)) {
-			return false
-		}
-	}
-	return true
-}
-
-// validHeaderValue rejects control characters other than horizontal tab.
-func validHeaderValue(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < ' ' && c != '\t' || c == 0x7f {
-			return false
-		}
-	}
-	return true
 }
 
 // parseRetryAfter parses a Retry-After value: delay-seconds or an HTTP

@@ -161,6 +161,7 @@ func (s *Store) createRuns(ctx context.Context, nrs []*store.NewRun, now time.Ti
 	var cs *changeset
 	var stale map[int]bool // runs whose workflow changed since it was read
 	add := func(cs *changeset) error {
+		cs.sizeFor(nrs, todo)
 		for _, i := range todo {
 			if !stale[i] {
 				if err := cs.newRun(nrs[i], now, s.shortRun(len(nrs[i].Steps))); err != nil {

@@ -805,6 +805,11 @@ func (s *Store) InTasks(ctx context.Context, ids []string, known map[string]stri
 		taskIDs[j] = ids[i]
 	}
 	apply := func(ctx context.Context, cs *changeset, runs map[string]*runTx, tasks map[string]lockedTask) bool {
+		// Room for what the requests' own changesets will merge: a
+		// report writes its task and its run and three or four events.
+		cs.events = slices.Grow(cs.events, 4*len(todo))
+		cs.tasks = slices.Grow(cs.tasks, len(todo))
+		cs.runs = slices.Grow(cs.runs, len(runIDs))
 		for _, i := range todo {
 			t, ok := tasks[ids[i]]
 			if !ok {

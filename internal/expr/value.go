@@ -128,6 +128,16 @@ func cmpNumbers(a, b number) (c int, ok bool) {
 		}
 		return 0, true
 	}
+	// An int past 2^53 rounds on its way to float64, up to 2^63 itself
+	// (math.MaxInt64 does), which a float past int64 may be: compared as
+	// float64, 9223372036854775807 equalled 9223372036854775808.
+	if (a.isInt && outsideFloat(a.i)) || (b.isInt && outsideFloat(b.i)) {
+		x, y := bigOf(a), bigOf(b)
+		if x == nil || y == nil {
+			return 0, false
+		}
+		return x.Cmp(y), true
+	}
 	switch {
 	case a.f < b.f:
 		return -1, true
@@ -268,3 +278,6 @@ func deepCopy(v any) any {
 	}
 	return v
 }
+
+// outsideFloat says whether i may round when made a float64.
+func outsideFloat(i int64) bool { return i > 1<<53 || i < -(1<<53) }

@@ -290,6 +290,61 @@ func redactRawURL(u string) string {
 	return u + "?" + strings.Join(pairs, "&")
 }
 
+// escapeQuery percent-encodes the bytes of u's query that a URL cannot
+// carry (a space, a quote, '<', non-ASCII...; a '%' that starts no
+// escape), as browsers do: Go sends a query as it is, so a template
+// that put a space there made a request line no server reads ("GET
+// /a?q=a b HTTP/1.1", a 400). What may be in a query stays, '&', '=' and
+// '+' included, and so do escapes. url.Parse has refused control
+// characters already.
+func escapeQuery(u string) string {
+	rest, frag, hasFrag := strings.Cut(u, "#")
+	base, q, hasQuery := strings.Cut(rest, "?")
+	if !hasQuery {
+		return u
+	}
+	keep := func(i int) bool {
+		return queryByte(q[i]) || q[i] == '%' && i+2 < len(q) && isHex(q[i+1]) && isHex(q[i+2])
+	}
+	i := 0
+	for i < len(q) && keep(i) {
+		i++
+	}
+	if i == len(q) {
+		return u
+	}
+	var b strings.Builder
+	b.WriteString(base)
+	b.WriteByte('?')
+	b.WriteString(q[:i])
+	for ; i < len(q); i++ {
+		if keep(i) {
+			b.WriteByte(q[i])
+		} else {
+			fmt.Fprintf(&b, "%%%02X", q[i])
+		}
+	}
+	if hasFrag {
+		b.WriteByte('#')
+		b.WriteString(frag)
+	}
+	return b.String()
+}
+
+// queryByte says whether c may stand for itself in a query (RFC 3986:
+// pchar, '/' and '?').
+func queryByte(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return strings.IndexByte("-._~!$&'()*+,;=:@/?", c) >= 0
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
 func renderHTTP(st *spec.Step, sc *expr.Scope) (*HTTPRequest, error) {
 	u, err := expr.RenderString(st.URL, sc)
 	if err != nil {
@@ -298,6 +353,7 @@ func renderHTTP(st *spec.Step, sc *expr.Scope) (*HTTPRequest, error) {
 	if pu, perr := url.Parse(u); perr != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
 		return nil, fmt.Errorf("url %q (after templates) is not an absolute http or https URL", redactRawURL(u))
 	}
+	u = escapeQuery(u)
 	req := &HTTPRequest{URL: u, Method: st.Method}
 	if len(st.Headers) > 0 {
 		req.Headers = make(map[string]string, len(st.Headers))

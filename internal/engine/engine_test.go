@@ -658,6 +658,36 @@ func TestRenderedURLMustBeHTTP(t *testing.T) {
 	}
 }
 
+// TestRenderedURLQueryIsEscaped: what a template puts in a query that a
+// URL cannot carry is percent-encoded, as a browser would send it. Go
+// sends a query as it is: "?q={{trigger.body.q}}" with "a b" made the
+// request line "POST /s?q=a b HTTP/1.1", which servers answer 400.
+func TestRenderedURLQueryIsEscaped(t *testing.T) {
+	def := parse(t, `{"name":"u","tasks":{"a":{"url":"https://x.test/s/{{trigger.body.p}}?q={{trigger.body.q}}&n=1"}}}`)
+	for _, c := range []struct{ p, q, want string }{
+		{"x", "a b", "https://x.test/s/x?q=a%20b&n=1"},
+		{"x", `"<é>"`, "https://x.test/s/x?q=%22%3C%C3%A9%3E%22&n=1"},
+		{"x", "100%", "https://x.test/s/x?q=100%25&n=1"},
+		{"x", "{a|b}^`\\", "https://x.test/s/x?q=%7Ba%7Cb%7D%5E%60%5C&n=1"},
+		// Escapes, and what a query may hold, stay as they are.
+		{"x", "a%20b%2B", "https://x.test/s/x?q=a%20b%2B&n=1"},
+		{"x", "a+b=c&d/e?f:g@h!$'()*,;~", "https://x.test/s/x?q=a+b=c&d/e?f:g@h!$'()*,;~&n=1"},
+		// The path is Go's to escape, and a fragment is never sent.
+		{"a b", "x#a b", "https://x.test/s/a b?q=x#a b&n=1"},
+		{"x", "x y#z", "https://x.test/s/x?q=x%20y#z&n=1"},
+	} {
+		trig, _ := json.Marshal(map[string]string{"p": c.p, "q": c.q})
+		d := decideAll(t, engine.Run{Def: def, TriggerBody: trig})["a"]
+		if d.Action != engine.StartHTTP {
+			t.Errorf("q %q: %+v", c.q, d)
+			continue
+		}
+		if d.HTTP.URL != c.want {
+			t.Errorf("q %q: url %q, want %q", c.q, d.HTTP.URL, c.want)
+		}
+	}
+}
+
 // The condition of an `if` step is evaluated before its templates: a false
 // condition skips the step even when its templates could not resolve.
 func TestFalseConditionSkipsBeforeTemplates(t *testing.T) {

@@ -176,6 +176,8 @@ func checkRefs(c *collector, w *Workflow, p string, s *Step, up map[string]bool,
 		case "trigger":
 			if len(segs) < 2 || (segs[1] != "body" && segs[1] != "headers") {
 				c.add(p, CodeUnknownNamespace, "%q: trigger exposes only trigger.body and trigger.headers", text)
+			} else if segs[1] == "headers" && len(segs) > 3 && !c.stored {
+				c.add(p, CodeInvalidTemplate, "%q: a header's value is a string, with nothing under it", text)
 			}
 		case "tasks":
 			if len(segs) < 3 {
@@ -191,8 +193,19 @@ func checkRefs(c *collector, w *Workflow, p string, s *Step, up map[string]bool,
 			case !up[ref]:
 				c.add(p, CodeNotUpstream, "%q: step %q is not upstream of %q; add it to needs (directly or through another step)", text, ref, s.Name)
 			}
+			// What can never hold more is refused here, not found missing
+			// when a run gets there (a template_error, or a condition
+			// reading null). Versions stored before are read as they were.
 			switch segs[2] {
-			case "status", "status_code", "body", "headers":
+			case "status", "status_code":
+				if len(segs) > 3 && !c.stored {
+					c.add(p, CodeInvalidTemplate, "%q: %s is a %s, with nothing under it", text, segs[2], map[string]string{"status": "string", "status_code": "number"}[segs[2]])
+				}
+			case "headers":
+				if len(segs) > 4 && !c.stored {
+					c.add(p, CodeInvalidTemplate, "%q: a header's value is a string, with nothing under it", text)
+				}
+			case "body":
 			default:
 				c.add(p, CodeInvalidTemplate, "%q: unknown field %q; use status, status_code, body or headers", text, segs[2])
 			}

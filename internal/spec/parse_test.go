@@ -501,6 +501,15 @@ func TestValidation(t *testing.T) {
 			want: []errKey{{"tasks.b.body", spec.CodeInvalidTemplate}},
 		},
 		{
+			name: "nothing under a status, a status code or a header value",
+			doc:  tasks(`"a":{` + ok + `},"b":{"needs":["a"],` + ok + `,"body":"{{tasks.a.status.code}}","headers":{"X":"{{tasks.a.headers.etag.v}}","Y":"{{trigger.headers.x-id.n}}"},"if":"tasks.a.status_code[0] == 1"}`),
+			want: []errKey{{"tasks.b.body", spec.CodeInvalidTemplate}, {"tasks.b.headers.X", spec.CodeInvalidTemplate}, {"tasks.b.headers.Y", spec.CodeInvalidTemplate}, {"tasks.b.if", spec.CodeInvalidTemplate}},
+		},
+		{
+			name: "what is under a body, and a header by name",
+			doc:  tasks(`"a":{` + ok + `},"b":{"needs":["a"],` + ok + `,"body":"{{tasks.a.body.items[0].id}}","headers":{"X":"{{tasks.a.headers.etag}}","Y":"{{trigger.headers.x-id}}"},"if":"tasks.a.status == 'success'"}`),
+		},
+		{
 			name: "unknown top-level field",
 			doc:  `{"name":"wf","tasks":{"a":{` + ok + `}},"steps":{}}`,
 			want: []errKey{{"steps", spec.CodeUnknownField}},
@@ -974,5 +983,17 @@ func TestParseHeadersRefusedAtCreate(t *testing.T) {
 				t.Errorf("the stored version: %v", err)
 			}
 		})
+	}
+}
+
+// A version stored before paths under a status, a status code or a
+// header value were refused reads as it was, so its runs go on.
+func TestParseStoredPathUnderAStatus(t *testing.T) {
+	doc := []byte(`{"name":"old","tasks":{"a":{"url":"https://x.test"},"b":{"needs":["a"],"url":"https://x.test","body":"{{tasks.a.status.code}}","if":"trigger.headers.x.y == 1"}}}`)
+	if _, err := spec.Parse(doc, spec.Limits{Stored: true}); err != nil {
+		t.Fatalf("the stored version: %v", err)
+	}
+	if _, err := spec.Parse(doc, spec.DefaultLimits); err == nil {
+		t.Error("the same definition submitted was accepted")
 	}
 }

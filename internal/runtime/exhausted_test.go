@@ -182,3 +182,41 @@ func TestExhaustedAfterRestartKeepsItsAttempt(t *testing.T) {
 		}
 	})
 }
+
+// TestRetryPastALoweredLimitFailsWithItsError: a task waiting for a retry
+// whose type's max_attempts is lowered to the attempts it has made fails
+// when a claim meets it, at the attempt it made and with that attempt's
+// error, and the claim takes the ready task behind it. (It was leased for
+// an attempt past its limit, a claim no worker got, and failed as if that
+// attempt's lease had run out: "lease expired on the final attempt; the
+// worker never reported", its error lost.)
+func TestRetryPastALoweredLimitFailsWithItsError(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e *env) {
+		k := e.create(t, runtime.NewTask{Type: "billing.invoice.v1", RetryDelay: time.Second})
+		ct := e.claimOne(t, "billing.%")
+		if _, err := e.rt.FailTask(t.Context(), k.ID, ct.LeaseToken, "smtp down", true); err != nil {
+			t.Fatal(err)
+		}
+		// As PUT /api/v1/task-types/{type} does.
+		if _, err := e.st.PutTaskType(t.Context(), &store.TaskType{Type: "billing.invoice.v1", Enabled: true, MaxAttempts: 1}); err != nil {
+			t.Fatal(err)
+		}
+		e.rt.TaskTypesChanged()
+		e.clk.Advance(2 * time.Second) // the retry is due
+		fresh := e.create(t, runtime.NewTask{Type: "billing.invoice.v1", MaxAttempts: 3})
+
+		got, err := e.rt.ClaimTasks(t.Context(), runtime.ClaimRequest{Types: []string{"billing.%"}, WorkerID: "w2", Lease: 30 * time.Second, Max: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 1 || got[0].ID != fresh.ID {
+			t.Fatalf("claim of one got %+v, want the ready task %s", got, fresh.ID)
+		}
+		if k := e.get(t, k.ID); k.Status != status.TaskFailed || k.Attempt != 1 || k.LastError != "smtp down" {
+			t.Errorf("the retry is %s at attempt %d with %q, want failed at 1 with %q", k.Status, k.Attempt, k.LastError, "smtp down")
+		}
+		if got := types(e.events(t, k.ID)); got != "created,claimed,retried,failed" {
+			t.Errorf("events %s", got)
+		}
+	})
+}

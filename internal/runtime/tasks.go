@@ -414,7 +414,9 @@ func (r *Runtime) release(ctx context.Context, ts []*store.Task, reason string) 
 }
 
 // exhausted says, for a claim, whether a task whose lease ran out was on
-// its final attempt (store.ClaimTasks.Exhausted).
+// its final attempt, or a pending task already attempted has made its
+// last (its type's max_attempts lowered while it waited for a retry)
+// (store.ClaimTasks.Exhausted).
 //
 // It is asked inside the claim's write transaction (on SQLite, on the one
 // writer), so it reads no registry: a task's own max_attempts, else its
@@ -455,13 +457,26 @@ func (r *Runtime) waitLeft(deadline time.Time, answered bool) time.Duration {
 // failExhausted fails a task whose final attempt's lease ran out, as it
 // was when listed (its attempt and token unchanged): a lease_expired event
 // and the failure, which for a workflow step advances its run. A task
-// reported, reclaimed or released meanwhile is left alone.
+// reported, reclaimed or released meanwhile is left alone. A pending task
+// (a retry that has no attempt left since its type's max_attempts was
+// lowered) fails at the attempt it made, with that attempt's error: as
+// its report would have failed it under the new limit.
 func (r *Runtime) failExhausted(ctx context.Context, t *store.Task, now time.Time) {
 	if maxAttempts, _ := r.TaskDefaults(ctx, t); t.Attempt < maxAttempts {
 		return // judged on a stale registry entry: the next claim takes it over
 	}
 	err := r.st.InTask(ctx, t.ID, now, func(tx store.TaskTx) error {
 		k := tx.Task()
+		if t.Status == status.TaskPending {
+			if k.Status != status.TaskPending || k.Attempt != t.Attempt || k.RunAt.After(now) {
+				return nil
+			}
+			msg := k.LastError
+			if msg == "" { // released after its last attempt's lease ran out
+				msg = "lease expired on the final attempt; the worker never reported"
+			}
+			return r.finishTask(ctx, tx, status.TaskFailed, nil, msg, nil, nil)
+		}
 		if k.Status != status.TaskLeased || k.LeaseToken != t.LeaseToken || k.LeaseUntil == nil || k.LeaseUntil.After(now) {
 			return nil
 		}

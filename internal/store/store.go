@@ -216,8 +216,9 @@ type ClaimTasks struct {
 	Lease    time.Duration
 	Max      int
 	Now      time.Time
-	// Exhausted, if not nil, says whether a task whose lease ran out is
-	// on its final attempt: such a task is not leased again (nor counted
+	// Exhausted, if not nil, says whether a task whose lease ran out, or
+	// a pending task already attempted (a retry, a released task), has
+	// had its final attempt: such a task is not leased again (nor counted
 	// toward Max) but returned in Claim.Exhausted, as it was, for the
 	// caller to fail.
 	Exhausted func(*Task) bool
@@ -232,8 +233,8 @@ type Claim struct {
 	// end of the expired lease the claim took over (metrics: how long
 	// tasks wait for workers).
 	Since []time.Time
-	// Exhausted are the tasks the claim met whose lease ran out on their
-	// final attempt (ClaimTasks.Exhausted): not leased, left as they were.
+	// Exhausted are the tasks the claim met that had their final attempt
+	// (ClaimTasks.Exhausted): not leased, left as they were.
 	Exhausted []*Task
 	// NextRead says Next and NextOK were read with the claim, which then
 	// found nothing claimable: they are what NextTaskDue returns at the

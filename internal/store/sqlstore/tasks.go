@@ -553,9 +553,11 @@ func (s *Store) lease(ctx context.Context, cs *changeset, cands []lockedTask, re
 			break
 		}
 		t, seq := lt.task, lt.seq
-		if t.Status == status.TaskLeased && req.Exhausted != nil && req.Exhausted(t) {
-			// Its final attempt's lease ran out: not leased again, and
-			// not in the place of a task that can be.
+		if (t.Status == status.TaskLeased || t.Attempt > 0) && req.Exhausted != nil && req.Exhausted(t) {
+			// Its final attempt's lease ran out, or (pending, a retry)
+			// its final attempt was made before its type's max_attempts
+			// was lowered: not leased again, and not in the place of a
+			// task that can be.
 			out.Exhausted = append(out.Exhausted, t)
 			continue
 		}

@@ -350,7 +350,15 @@ func renderHTTP(st *spec.Step, sc *expr.Scope) (*HTTPRequest, error) {
 	if err != nil {
 		return nil, err
 	}
-	if pu, perr := url.Parse(u); perr != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+	pu, perr := url.Parse(u)
+	var ue *url.Error
+	if errors.As(perr, &ue) {
+		// Say what is wrong (a '%' that starts no escape, a control
+		// character), not that the URL is not absolute; the error's own
+		// copy of the URL is left out, unredacted.
+		return nil, fmt.Errorf("url %q (after templates) is not a valid URL: %v", redactRawURL(u), ue.Err)
+	}
+	if perr != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
 		return nil, fmt.Errorf("url %q (after templates) is not an absolute http or https URL", redactRawURL(u))
 	}
 	u = escapeQuery(u)

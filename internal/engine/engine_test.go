@@ -688,6 +688,16 @@ func TestRenderedURLQueryIsEscaped(t *testing.T) {
 	}
 }
 
+// A URL that does not parse after templates says why (a '%' that starts
+// no escape), not that it is not absolute, which it is.
+func TestRenderedURLThatDoesNotParseSaysWhy(t *testing.T) {
+	def := parse(t, `{"name":"u","tasks":{"a":{"url":"https://x.test/s/{{trigger.body.p}}"}}}`)
+	d := decideAll(t, engine.Run{Def: def, TriggerBody: []byte(`{"p":"100%zz"}`)})["a"]
+	if d.Action != engine.TemplateError || !strings.Contains(d.Reason, `invalid URL escape "%zz"`) || strings.Contains(d.Reason, "absolute") {
+		t.Fatalf("%v: %q", d.Action, d.Reason)
+	}
+}
+
 // The condition of an `if` step is evaluated before its templates: a false
 // condition skips the step even when its templates could not resolve.
 func TestFalseConditionSkipsBeforeTemplates(t *testing.T) {

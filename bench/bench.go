@@ -58,6 +58,9 @@ type Options struct {
 	// "http" (the engine's API served on loopback, the worker SDK and
 	// the triggers going through the Go client, as remote workers do).
 	Transport string
+	// repeated is set for a workload's runs after its first (runMedian):
+	// they keep the heap the run before grew (see resetPeakRSS).
+	repeated bool
 	// Nodes runs this many engines on the one Postgres database, as
 	// separate servers would be (0 or 1: one). The triggers go to them
 	// in turn and each runs its share of the workers.
@@ -192,6 +195,7 @@ func runMedian(ctx context.Context, name string, o Options) (Result, error) {
 		if o.Allocs != nil {
 			goruntime.ReadMemStats(&before)
 		}
+		o.repeated = i > 0
 		r, err := runOne(ctx, name, o)
 		if err != nil {
 			return Result{}, err

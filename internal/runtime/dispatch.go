@@ -30,6 +30,9 @@ func (r *Runtime) Run(ctx context.Context) error {
 		go func() {
 			defer close(wakeDone)
 			for range wakeups {
+				// Another node may have changed the task-type
+				// registry (store.Committed.Registry).
+				r.types.Clear()
 				r.Nudge()
 				r.tasksReady()
 			}

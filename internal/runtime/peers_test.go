@@ -76,3 +76,56 @@ func TestPeerTaskWakesWaitingClaim(t *testing.T) {
 		t.Fatal("a claim waiting on one server was not woken within 10s by a task created through another")
 	}
 }
+
+// TestPeerDisabledTypeStopsHandOversAtOnce: a task type disabled through
+// one server stops being handed to completing workers on another as soon
+// as the first server's notification reaches it, not when the second's
+// cached registry entry runs out: the servers' clocks are fake, so that
+// entry never would. (The second went on handing the type's tasks out for
+// up to a second.)
+func TestPeerDisabledTypeStopsHandOversAtOnce(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	open := func() *postgres.Store {
+		t.Helper()
+		s, err := postgres.Open(t.Context(), dsn)
+		if err != nil {
+			t.Fatalf("postgres.Open: %v", err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	a := newEnv(t, open())
+	bs := open()
+	b := newEnv(t, bs)
+	ctx, cancel := context.WithCancel(t.Context())
+	ran := make(chan error, 1)
+	go func() { ran <- b.rt.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-ran })
+	testwait.Until(t, 15*time.Second, "the second server's listener", bs.Listening)
+
+	b.workflow(t, `{"name": "peer-eager", "tasks": {
+		"a": {"task": {"type": "peer.first.v1"}},
+		"b": {"needs": ["a"], "task": {"type": "peer.off.v1"}}}}`)
+	next := runtime.ClaimRequest{Types: []string{"peer.%"}, WorkerID: "w", Lease: time.Minute, Max: 1}
+	// handOver completes a fresh run's first step on b and returns what
+	// b handed over with it.
+	handOver := func() []*store.Task {
+		t.Helper()
+		b.trigger(t, "peer-eager", `{}`)
+		k := b.claimOne(t, "peer.first.v1")
+		_, got, err := b.rt.CompleteTaskAndClaim(t.Context(), k.ID, k.LeaseToken, nil, next)
+		must(t, err, "CompleteTaskAndClaim")
+		return got
+	}
+	if got := handOver(); len(got) != 1 || got[0].Type != "peer.off.v1" {
+		t.Fatalf("before the type is disabled, b handed over %d tasks, want its b step", len(got))
+	}
+	// As PUT /api/v1/task-types/{type} does, on a.
+	if _, err := a.st.PutTaskType(t.Context(), &store.TaskType{Type: "peer.off.v1", Enabled: false}); err != nil {
+		t.Fatal(err)
+	}
+	a.rt.TaskTypesChanged()
+	// The notification takes a moment to arrive; until then b may hand
+	// the type out, from then on it must not.
+	testwait.Until(t, 15*time.Second, "b to stop handing over a type disabled on a", func() bool { return len(handOver()) == 0 })
+}

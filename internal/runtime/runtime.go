@@ -189,6 +189,9 @@ func New(cfg Config) *Runtime {
 // tasks became claimable, the dispatcher when an item is due before it
 // would look anyway. Wake-ups follow commits, so nothing is missed.
 func (r *Runtime) committed(c store.Committed) {
+	if c.Registry {
+		r.types.Clear()
+	}
 	r.waiting.committed(c.Leased)
 	if c.Tasks {
 		r.tasksReadyAt(c.TasksAt, c.Types)

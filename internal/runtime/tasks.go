@@ -153,7 +153,9 @@ func (r *Runtime) TaskDefaults(ctx context.Context, t *store.Task) (maxAttempts 
 }
 
 // typeCacheTTL bounds how stale a node's view of the task-type registry may
-// be (changes made through this node apply at once).
+// be: changes made through this node apply at once, and on Postgres other
+// nodes drop their entries when its notification reaches them
+// (store.Committed.Registry); this is for a notification that is lost.
 const typeCacheTTL = time.Second
 
 type cachedType struct {
@@ -165,8 +167,9 @@ type cachedType struct {
 // needed for every claimed task, and a query each was a large share of a
 // claim's cost.
 func (r *Runtime) taskType(ctx context.Context, typ string) *store.TaskType {
+	now := r.clk.Now()
 	if v, ok := r.types.Load(typ); ok {
-		if c := v.(cachedType); time.Since(c.at) < typeCacheTTL {
+		if c := v.(cachedType); now.Sub(c.at) < typeCacheTTL && c.at.Sub(now) < typeCacheTTL {
 			return c.tt
 		}
 	}
@@ -177,7 +180,7 @@ func (r *Runtime) taskType(ctx context.Context, typ string) *store.TaskType {
 		}
 		tt = nil
 	}
-	r.types.Store(typ, cachedType{tt: tt, at: time.Now()})
+	r.types.Store(typ, cachedType{tt: tt, at: now})
 	return tt
 }
 

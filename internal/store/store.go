@@ -482,6 +482,10 @@ type Committed struct {
 	// Leased are the lease tokens of the tasks the write created already
 	// leased (handed to a worker in the same transaction).
 	Leased []string
+	// Registry says the write changed the task-type registry: entries
+	// cached from it are stale. Other nodes learn it as a wake-up for
+	// everything (Notifier), after which they read the registry again.
+	Registry bool
 }
 
 // Notifier is an optional capability: a store that can tell other nodes that

@@ -217,6 +217,13 @@ func (s *Store) committed(c store.Committed) {
 	s.readyMu.Lock()
 	s.ready.add(c)
 	s.readyMu.Unlock()
+	if c.Registry {
+		// The others drop their cached registry on a wake-up for
+		// everything (a notification's own fields do not say it): a
+		// type disabled here must stop being handed out there at once,
+		// not once their one-second cache runs out.
+		s.everything.Store(true)
+	}
 	select {
 	case s.pub <- struct{}{}:
 	default: // a notification is already pending: it covers this commit

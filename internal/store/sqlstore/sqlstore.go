@@ -193,6 +193,7 @@ func (n *note) merge(o note) {
 		n.later = o.later
 	}
 	n.c.Leased = append(n.c.Leased, o.c.Leased...)
+	n.c.Registry = n.c.Registry || o.c.Registry
 }
 
 // committed tells the hook about a write that has committed, and keeps
@@ -214,7 +215,7 @@ func (s *Store) committed(cs *changeset) {
 		}
 	}
 	n := &cs.note
-	if n.c.HTTPDue.IsZero() && n.c.TimerDue.IsZero() && !n.c.Tasks && len(n.c.Leased) == 0 {
+	if n.c.HTTPDue.IsZero() && n.c.TimerDue.IsZero() && !n.c.Tasks && len(n.c.Leased) == 0 && !n.c.Registry {
 		return
 	}
 	if n.c.Tasks {

@@ -1070,10 +1070,9 @@ func (s *Store) PutTaskType(ctx context.Context, tt *store.TaskType) (*store.Tas
 	if err := s.durable(ctx); err != nil {
 		return nil, err
 	}
-	if tt.Enabled {
-		// Waiting tasks of a re-enabled type are claimable now.
-		s.committed(&changeset{note: note{c: store.Committed{Tasks: true}}})
-	}
+	// Waiting tasks of a re-enabled type are claimable now; every node's
+	// cached entry for the type is stale.
+	s.committed(&changeset{note: note{c: store.Committed{Tasks: tt.Enabled, Registry: true}}})
 	return s.GetTaskType(ctx, tt.Type)
 }
 

@@ -191,6 +191,8 @@ type reporters struct {
 	// beats ends with Run: the heartbeats of handlers it abandoned stop,
 	// so that their tasks' leases expire.
 	beats context.Context
+	// pool runs the Run's tasks (startInSlot).
+	pool *handlerPool
 }
 
 // eagerNext is what a completion asks for with eager dispatch: one next
@@ -322,7 +324,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	// deadline may still report through theirs while a later Run starts.
 	beats, stopBeats := context.WithCancel(context.Background())
 	defer stopBeats()
-	rep := reporters{beats: beats}
+	rep := reporters{beats: beats, pool: newHandlerPool()}
+	defer rep.pool.close()
 	if bs, ok := w.src.(BatchSource); ok && !w.cfg.NoBatch {
 		limit := reportsInFlight(w.cfg.Concurrency)
 		rep.plain = &completer{src: bs, limit: limit, single: func(ctx context.Context, c client.Completion) ([]client.ClaimedTask, error) {
@@ -487,11 +490,11 @@ func (w *Worker) startLater(ctx, hctx context.Context, tasks []client.ClaimedTas
 // the slot it holds, which it gives back when done.
 func (w *Worker) startInSlot(ctx, hctx context.Context, ct client.ClaimedTask, claimed time.Time, inflight chan struct{}, wg *sync.WaitGroup, rep reporters) {
 	wg.Add(1)
-	go func() {
+	rep.pool.run(func() {
 		defer wg.Done()
 		defer func() { <-inflight }()
 		w.executeChain(ctx, hctx, ct, claimed, rep)
-	}()
+	})
 }
 
 // jitter spreads d over [d/2, d).

@@ -430,16 +430,19 @@ func testLeaseUntilAsStored(t *testing.T, s *fsrv) {
 // to JSON with Go's escapes, \x1b, which JSON does not have).
 func TestBadInputYAMLControlCharacters(t *testing.T) {
 	s := startF(t, false, nil)
-	doc := "name: ctl\ntasks:\n  a:\n    url: http://x.example/\n    headers: {X-Tag: \"\\e[1m\\a\\v\\x7f\"}\n    body: {\"k\\x01\": \"\\0 \\U000E0001 \x7f\"}\n"
+	doc := "name: ctl\ntasks:\n  a:\n    url: http://x.example/\n    body: {tag: \"\\e[1m\\a\\v\\x7f\", \"k\\x01\": \"\\0 \\U000E0001 \x7f\"}\n"
 	r := s.do("POST", "/api/v1/workflows", doc)
 	if r.status != 201 {
 		t.Fatalf("YAML definition with control characters: %d %s", r.status, r.raw)
 	}
 	g := s.do("GET", "/api/v1/workflows/ctl", "")
 	a, _ := g.data()["tasks"].(map[string]any)["a"].(map[string]any)
-	if h, _ := a["headers"].(map[string]any)["X-Tag"].(string); h != "\x1b[1m\a\v\x7f" {
-		t.Errorf("headers.X-Tag read back %q", h)
+	if h, _ := a["body"].(map[string]any)["tag"].(string); h != "\x1b[1m\a\v\x7f" {
+		t.Errorf("body.tag read back %q", h)
 	}
+	// In a header value they are refused: no request could carry them.
+	bad := "name: ctl2\ntasks:\n  a:\n    url: http://x.example/\n    headers: {X-Tag: \"\\e[1m\"}\n"
+	want4xx(t, "a header value with ESC", s.do("POST", "/api/v1/workflows", bad), 422, "invalid_workflow", "tasks.a.headers.X-Tag")
 	if b, _ := a["body"].(map[string]any)["k\x01"].(string); b != "\x00 \U000E0001 \x7f" {
 		t.Errorf("body read back %s", g.raw)
 	}

@@ -102,7 +102,8 @@ type Executor struct {
 // New returns an Executor whose client uses t, has no overall timeout
 // (each attempt is bounded by its own Timeout) and follows at most
 // MaxRedirects redirects; after that the last redirect response is
-// returned as the result (a 3xx, not retryable). A nil t means
+// returned as the result (a 3xx, not retryable), as is a redirect to
+// a URL that is not http or https with a host. A nil t means
 // netguard's default policy (public addresses only) — never
 // http.DefaultTransport, which has no egress control.
 func New(t http.RoundTripper) *Executor {
@@ -115,8 +116,15 @@ func New(t http.RoundTripper) *Executor {
 func newClient(t http.RoundTripper) *http.Client {
 	return &http.Client{
 		Transport: t,
-		CheckRedirect: func(_ *http.Request, via []*http.Request) error {
+		CheckRedirect: func(next *http.Request, via []*http.Request) error {
 			if len(via) >= MaxRedirects {
+				return http.ErrUseLastResponse
+			}
+			// A Location that cannot be followed (ftp:, an app's own
+			// scheme, no host) is the server's answer, the same on
+			// every attempt: the 3xx is the result, final. Followed,
+			// it failed as a network error and was retried.
+			if s := next.URL.Scheme; s != "http" && s != "https" || next.URL.Host == "" {
 				return http.ErrUseLastResponse
 			}
 			return nil

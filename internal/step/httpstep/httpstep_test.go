@@ -217,6 +217,18 @@ func TestClassification(t *testing.T) {
 		case "/loop":
 			http.Redirect(w, r, "/loop", http.StatusFound)
 			return
+		case "/to-app":
+			w.Header().Set("Location", "myapp://callback?code=1")
+			w.WriteHeader(http.StatusFound)
+			return
+		case "/to-ftp":
+			w.Header().Set("Location", "ftp://example.com/file")
+			w.WriteHeader(http.StatusMovedPermanently)
+			return
+		case "/no-host":
+			w.Header().Set("Location", "http:///x")
+			w.WriteHeader(http.StatusTemporaryRedirect)
+			return
 		}
 		code, _ := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/status/"))
 		if ra := r.URL.Query().Get("retry_after"); ra != "" {
@@ -248,6 +260,9 @@ func TestClassification(t *testing.T) {
 		{name: "201", path: "/status/201", wantStatus: 201},
 		{name: "302 followed", path: "/redirect", wantStatus: 200},
 		{name: "redirect loop stops with last 302", path: "/loop", wantStatus: 302},
+		{name: "redirect to another scheme is the 302", path: "/to-app", wantStatus: 302},
+		{name: "redirect to ftp is the 301", path: "/to-ftp", wantStatus: 301},
+		{name: "redirect without a host is the 307", path: "/no-host", wantStatus: 307},
 		{name: "304", path: "/status/304", wantStatus: 304},
 		{name: "400", path: "/status/400", wantStatus: 400},
 		{name: "404", path: "/status/404", wantStatus: 404},

@@ -179,6 +179,11 @@ func (e *Executor) do(ctx context.Context, r Request) Result {
 			res.Headers[textproto.CanonicalMIMEHeaderKey(k)] = vs[0]
 		}
 	}
+	// Before the body: a 429 or 503 whose body breaks off is retried as
+	// its status is, and its Retry-After still says when.
+	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+		res.RetryAfter = parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+	}
 	// Read one byte more than we keep, to tell "exactly MaxBody" from
 	// "more". Closing the body early drops the connection rather than
 	// draining it.
@@ -198,9 +203,6 @@ func (e *Executor) do(ctx context.Context, r Request) Result {
 		return res
 	}
 	res.Retryable = retryableStatus(resp.StatusCode)
-	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
-		res.RetryAfter = parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
-	}
 	return res
 }
 

@@ -364,6 +364,24 @@ func TestTimeoutWhileReadingBody(t *testing.T) {
 	}
 }
 
+// TestRetryAfterWhenBodyBreaksOff: a 503 or 429 whose body breaks off is
+// retried as its status is, and so when its Retry-After says.
+func TestRetryAfterWhenBodyBreaksOff(t *testing.T) {
+	srv := server(t, func(w http.ResponseWriter, r *http.Request) {
+		code, _ := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/"))
+		w.Header().Set("Retry-After", "90")
+		w.Header().Set("Content-Length", "100")
+		w.WriteHeader(code)
+		w.Write([]byte("short")) // 95 bytes short: the body breaks off
+	})
+	for _, code := range []int{429, 503} {
+		res := loopbackExecutor(t).Do(ctxT(t), httpstep.Request{URL: fmt.Sprintf("%s/%d", srv.URL, code), Method: "GET"})
+		if res.Err == nil || !res.Retryable || res.StatusCode != code || string(res.Body) != "short" || res.RetryAfter != 90*time.Second {
+			t.Errorf("%d: got %+v, want a retryable error with RetryAfter 1m30s", code, res)
+		}
+	}
+}
+
 func TestCancelAbortsPromptly(t *testing.T) {
 	srv, arrived, gone := blockingServer(t)
 	ctx, cancel := context.WithCancel(context.Background())

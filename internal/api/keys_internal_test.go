@@ -2,6 +2,8 @@ package api
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"testing"
 	"time"
@@ -39,5 +41,44 @@ func TestRevokedKeyStopsWorking(t *testing.T) {
 	s.keyTTL = time.Nanosecond // the recheck's time has come
 	if ok, err := s.checkKey(ctx, "fry_secret"); ok || err != nil {
 		t.Errorf("a revoked key past the recheck: %v %v, want refused", ok, err)
+	}
+}
+
+// TestAuthorizationScheme: the scheme of an Authorization header is
+// case-insensitive (RFC 9110) and may be followed by more than one space
+// (RFC 6750); a request that says "bearer <key>" was refused as sending
+// no key.
+func TestAuthorizationScheme(t *testing.T) {
+	st, err := sqlite.Open(filepath.Join(t.TempDir(), "k.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.AddAPIKey(ctx, "t", HashKey("fry_secret")); err != nil {
+		t.Fatal(err)
+	}
+	s := New(Config{Store: st})
+	for h, want := range map[string]int{
+		"Bearer fry_secret":  http.StatusOK,
+		"bearer fry_secret":  http.StatusOK,
+		"BEARER fry_secret":  http.StatusOK,
+		"Bearer  fry_secret": http.StatusOK,
+		"Bearer fry_other":   http.StatusUnauthorized,
+		"Basic fry_secret":   http.StatusUnauthorized,
+		"Bearerfry_secret":   http.StatusUnauthorized,
+		"Bearer ":            http.StatusUnauthorized,
+		"fry_secret":         http.StatusUnauthorized,
+	} {
+		req := httptest.NewRequest(http.MethodGet, "/api/v1/task-types", nil)
+		req.Header.Set("Authorization", h)
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, req)
+		if rec.Code != want {
+			t.Errorf("Authorization: %q: %d, want %d: %s", h, rec.Code, want, rec.Body)
+		}
 	}
 }

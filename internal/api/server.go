@@ -256,8 +256,8 @@ func HashKey(key string) string {
 
 func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		key, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || key == "" {
+		key := bearerKey(r.Header.Get("Authorization"))
+		if key == "" {
 			writeError(w, http.StatusUnauthorized, CodeUnauthorized, "missing API key: send Authorization: Bearer <key>")
 			return
 		}
@@ -272,6 +272,17 @@ func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 		}
 		next(w, r)
 	}
+}
+
+// bearerKey is the key an Authorization header carries, "" for none:
+// the scheme is "Bearer" in any case (RFC 9110 section 11.1: "bearer"
+// was refused as no key at all), then one or more spaces (RFC 6750).
+func bearerKey(h string) string {
+	scheme, key, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return ""
+	}
+	return strings.TrimLeft(key, " ")
 }
 
 // keyRecheck is how long a verified key is taken as valid before the

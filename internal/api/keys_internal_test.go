@@ -80,5 +80,8 @@ func TestAuthorizationScheme(t *testing.T) {
 		if rec.Code != want {
 			t.Errorf("Authorization: %q: %d, want %d: %s", h, rec.Code, want, rec.Body)
 		}
+		if got := rec.Header().Get("WWW-Authenticate"); want == http.StatusUnauthorized && got != `Bearer realm="ferry"` {
+			t.Errorf("Authorization: %q: WWW-Authenticate %q, want the Bearer challenge", h, got)
+		}
 	}
 }

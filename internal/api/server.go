@@ -258,7 +258,7 @@ func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		key := bearerKey(r.Header.Get("Authorization"))
 		if key == "" {
-			writeError(w, http.StatusUnauthorized, CodeUnauthorized, "missing API key: send Authorization: Bearer <key>")
+			unauthorized(w, "missing API key: send Authorization: Bearer <key>")
 			return
 		}
 		good, err := s.checkKey(r.Context(), key)
@@ -267,11 +267,18 @@ func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		if !good {
-			writeError(w, http.StatusUnauthorized, CodeUnauthorized, "invalid API key")
+			unauthorized(w, "invalid API key")
 			return
 		}
 		next(w, r)
 	}
+}
+
+// unauthorized answers 401 with the challenge HTTP requires of one
+// (RFC 9110 section 15.5.2), which HTTP clients read to know what to send.
+func unauthorized(w http.ResponseWriter, msg string) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="ferry"`)
+	writeError(w, http.StatusUnauthorized, CodeUnauthorized, msg)
 }
 
 // bearerKey is the key an Authorization header carries, "" for none:

@@ -369,3 +369,39 @@ func mustTime(t *testing.T, v any) time.Time {
 	}
 	return at
 }
+
+// TestRetryingStepShowsLastAttemptsStatusCode: while an HTTP step is
+// retrying, its status_code is the last attempt's, as its error and
+// duration_ms are: null after a network error, not the 503 of the
+// attempt before it (the run showed "status_code": 503 beside the
+// error "EOF").
+func TestRetryingStepShowsLastAttemptsStatusCode(t *testing.T) {
+	backends(t, func(t *testing.T, db string) {
+		e := newEnv(t, db)
+		var calls atomic.Int32
+		e.up.handle("/flaky", func(w http.ResponseWriter, r *http.Request) {
+			if calls.Add(1) == 1 {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				return
+			}
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				t.Errorf("hijack: %v", err)
+				return
+			}
+			conn.Close() // no response: a network error
+		})
+		e.createWorkflow(fmt.Sprintf(`{"name": "flaky", "tasks": {"a": {"url": "%s/flaky", "retries": 3}}}`, e.up.URL))
+		id := e.trigger("flaky", `{}`)
+		run := e.waitFor(id, "first retry scheduled", func(r map[string]any) bool { return task(r, "a")["error"] == "HTTP 503" })
+		if code := task(run, "a")["status_code"]; code != float64(503) {
+			t.Fatalf("after the 503: status_code %v, want 503", code)
+		}
+		e.clock.Advance(time.Second) // backoff for attempt 1 is at most 1s
+		run = e.waitFor(id, "second retry scheduled", func(r map[string]any) bool { return task(r, "a")["attempt"] == float64(2) })
+		a := task(run, "a")
+		if a["status"] != "running" || a["error"] == "HTTP 503" || a["status_code"] != nil {
+			t.Errorf("after the network error: status %v, error %v, status_code %v; want running, the network error, null", a["status"], a["error"], a["status_code"])
+		}
+	})
+}

@@ -304,6 +304,10 @@ func (r *Runtime) runHTTP(ctx context.Context, it *store.QueueItem) error {
 		if res.Retryable && it.Attempt <= spec.Retries {
 			delay := httpstep.Backoff(it.Attempt, res.RetryAfter, jitter)
 			s.Error = attemptError(res)
+			// The last attempt's, as its error and duration are: an
+			// earlier attempt's code beside a network error told of a
+			// response this attempt never had.
+			s.StatusCode = nil
 			if code := answered(res); code != 0 {
 				s.StatusCode = &code
 			}

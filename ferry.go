@@ -286,6 +286,10 @@ func (e *Engine) Store() store.Store { return e.store }
 // when none exists yet and returns it (it is shown once: only its hash is
 // stored); otherwise it returns "".
 func (e *Engine) EnsureAPIKey(ctx context.Context, key string) (string, error) {
+	// A key read from a file (a Kubernetes secret, a .env line) often ends
+	// in a newline, which no Authorization header can carry: the key was
+	// registered and could never be used.
+	key = strings.TrimSpace(key)
 	if key != "" {
 		return "", e.store.AddAPIKey(ctx, "env", api.HashKey(key))
 	}

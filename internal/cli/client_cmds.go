@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -74,9 +75,9 @@ func (o *clientOpts) client() (*client.Client, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("--server %q must be an http:// or https:// URL", o.server)
 	}
-	key := o.apiKey
+	key := strings.TrimSpace(o.apiKey) // as the server registers FERRY_API_KEY
 	if key == "" {
-		key = os.Getenv("FERRY_API_KEY")
+		key = strings.TrimSpace(os.Getenv("FERRY_API_KEY"))
 	}
 	if key == "" {
 		return nil, errors.New("no API key: pass --api-key or set FERRY_API_KEY")

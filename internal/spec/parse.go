@@ -60,6 +60,30 @@ func objectMembers(raw json.RawMessage) ([]member, bool) {
 	return out, true
 }
 
+// Optional settings given as JSON null mean what leaving them out means,
+// the default (docs/api.md, Requests and responses): a YAML key with no
+// value is null. Payloads (body, task.payload) are not settings: null is
+// their value. "if" is not in these: an empty or null condition is
+// refused, so that no one means a condition and gets none.
+var (
+	nullTopDefaults  = map[string]bool{"description": true, "trigger": true, "max_duration": true, "enabled": true}
+	nullStepDefaults = map[string]bool{"needs": true, "method": true, "headers": true, "retries": true, "retry_delay": true, "timeout": true}
+)
+
+// isNull tells whether a member's value is JSON null.
+func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }
+
+// nullDefault tells whether the member key: raw is a null setting to read
+// as left out. Versions stored when a null retries or priority was read
+// as 0 (0 retries, or the first of priorities) read as they were, so
+// their runs go on as they started.
+func (c *collector) nullDefault(defaults map[string]bool, key string, raw json.RawMessage) bool {
+	if !defaults[key] || !isNull(raw) {
+		return false
+	}
+	return !(c.stored && (key == "retries" || key == "priority"))
+}
+
 // isStepPath tells whether path names a step ("tasks.<name>").
 func isStepPath(path string) bool {
 	name, ok := strings.CutPrefix(path, "tasks.")
@@ -468,6 +492,9 @@ func Parse(doc []byte, lim Limits) (*Workflow, error) {
 	var tasksRaw json.RawMessage
 	seenName := false
 	for _, m := range top {
+		if c.nullDefault(nullTopDefaults, m.Key, m.Value) {
+			continue
+		}
 		switch m.Key {
 		case "name":
 			seenName = true
@@ -611,6 +638,9 @@ func parseStep(c *collector, path, name string, raw json.RawMessage) *Step {
 	present := map[string]bool{}
 	for _, m := range members {
 		p := path + "." + m.Key
+		if c.nullDefault(nullStepDefaults, m.Key, m.Value) {
+			continue
+		}
 		present[m.Key] = true
 		switch m.Key {
 		case "needs":
@@ -737,6 +767,9 @@ func parseTask(c *collector, p string, st *Step, raw json.RawMessage) {
 		return
 	}
 	for _, m := range members {
+		if c.nullDefault(map[string]bool{"priority": true}, m.Key, m.Value) {
+			continue
+		}
 		switch m.Key {
 		case "type":
 			if s, ok := str(c, p+".type", m.Value); ok {
@@ -814,6 +847,9 @@ func parseWait(c *collector, p string, st *Step, raw json.RawMessage) {
 		return
 	}
 	for _, m := range members {
+		if c.nullDefault(map[string]bool{"timeout": true}, m.Key, m.Value) {
+			continue
+		}
 		switch m.Key {
 		case "timeout":
 			d, err := durationJSON(m.Value, secondUnit, c.stored)

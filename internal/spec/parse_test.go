@@ -997,3 +997,57 @@ func TestParseStoredPathUnderAStatus(t *testing.T) {
 		t.Error("the same definition submitted was accepted")
 	}
 }
+
+// An optional setting given as null is the default, as left out: the
+// same steps and the same fingerprint (a YAML key with no value is null).
+// A null retries was 0 retries and a null priority 0; a null trigger,
+// max_duration, method, timeout, retry_delay or wait timeout was refused
+// as if it were "". Versions stored when null retries and priority read
+// as 0 read so still.
+func TestParseNullSettingsAreDefaults(t *testing.T) {
+	withNulls := `{"name": "n", "description": null, "trigger": null, "max_duration": null, "enabled": null, "tasks": {
+		"a": {"url": "https://x.test/a", "method": null, "headers": null, "retries": null, "timeout": null, "needs": null},
+		"b": {"needs": ["a"], "task": {"type": "a.b.v1", "priority": null}, "retries": null, "retry_delay": null},
+		"c": {"wait_for_webhook": {"timeout": null}}}}`
+	without := `{"name": "n", "tasks": {
+		"a": {"url": "https://x.test/a"},
+		"b": {"needs": ["a"], "task": {"type": "a.b.v1"}},
+		"c": {"wait_for_webhook": {}}}}`
+	got, want := mustParse(t, []byte(withNulls)), mustParse(t, []byte(without))
+	if got.Fingerprint() != want.Fingerprint() {
+		t.Errorf("fingerprint with nulls %s, without %s", got.Fingerprint(), want.Fingerprint())
+	}
+	a, b := mustStep(t, got, "a"), mustStep(t, got, "b")
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"Trigger", got.Trigger, "api"},
+		{"MaxDuration", got.MaxDuration, spec.DefaultMaxDuration},
+		{"Enabled", got.Enabled, true},
+		{"a.Method", a.Method, "POST"},
+		{"a.Retries", a.Retries, spec.DefaultRetries},
+		{"a.Timeout", a.Timeout, spec.DefaultHTTPTimeout},
+		{"b.RetriesSet", b.RetriesSet, false},
+		{"b.TaskPriority", b.TaskPriority, spec.DefaultTaskPriority},
+		{"b.RetryDelay", b.RetryDelay, time.Duration(0)},
+		{"c.WaitTimeout", mustStep(t, got, "c").WaitTimeout, time.Duration(0)},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	// A type marker is no setting: a null one is still refused.
+	if _, err := spec.Parse([]byte(`{"name": "n", "tasks": {"a": {"sleep": null}}}`), spec.DefaultLimits); err == nil {
+		t.Error("a null sleep was accepted")
+	}
+
+	old, err := spec.Parse([]byte(withNulls), spec.Limits{Stored: true})
+	if err != nil {
+		t.Fatalf("the stored version: %v", err)
+	}
+	if a, b := mustStep(t, old, "a"), mustStep(t, old, "b"); a.Retries != 0 || !b.RetriesSet || b.Retries != 0 || b.TaskPriority != 0 {
+		t.Errorf("stored: a.Retries %d, b.RetriesSet %v, b.Retries %d, b.TaskPriority %d; want 0, true, 0, 0 as they were read", a.Retries, b.RetriesSet, b.Retries, b.TaskPriority)
+	}
+}

@@ -19,6 +19,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/google/uuid"
+
 	"github.com/ferryhq/ferry/internal/httpwrap"
 	"github.com/ferryhq/ferry/internal/runtime"
 	"github.com/ferryhq/ferry/internal/spec"
@@ -378,11 +380,16 @@ func readObject(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, bo
 	return b, true
 }
 
-func page(w http.ResponseWriter, r *http.Request) (store.Page, bool) {
+// page reads a list's page parameters. cursor is a next_cursor of that
+// list when valid says so: a cursor of another list or a made-up one
+// is refused, not read as a position (a workflow name given to a run
+// list answered its first page again, a run id given to the workflow
+// list its end).
+func page(w http.ResponseWriter, r *http.Request, valid func(cursor string) bool) (store.Page, bool) {
 	p := store.Page{Cursor: r.URL.Query().Get("cursor")}
-	if len(p.Cursor) > 255 || !spec.CleanText(p.Cursor) {
-		writeError(w, http.StatusBadRequest, CodeInvalidParameter, "cursor must be a next_cursor this API returned",
-			spec.FieldError{Path: "cursor", Code: CodeInvalidParameter, Message: "not a cursor"})
+	if len(p.Cursor) > 255 || !spec.CleanText(p.Cursor) || (p.Cursor != "" && !valid(p.Cursor)) {
+		writeError(w, http.StatusBadRequest, CodeInvalidParameter, "cursor must be a next_cursor this list returned",
+			spec.FieldError{Path: "cursor", Code: CodeInvalidParameter, Message: "not a cursor of this list"})
 		return p, false
 	}
 	if l := r.URL.Query().Get("limit"); l != "" {
@@ -395,6 +402,13 @@ func page(w http.ResponseWriter, r *http.Request) (store.Page, bool) {
 		p.Limit = n
 	}
 	return p, true
+}
+
+// isRunID tells whether s is a run id as runs are given theirs: a UUID in
+// its lower-case canonical form (the run list's cursors are run ids).
+func isRunID(s string) bool {
+	u, err := uuid.Parse(s)
+	return err == nil && u.String() == s
 }
 
 func writeList(w http.ResponseWriter, items any, next string) {
@@ -487,7 +501,7 @@ func (s *Server) getWorkflow(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listWorkflows(w http.ResponseWriter, r *http.Request) {
-	p, ok := page(w, r)
+	p, ok := page(w, r, spec.ValidName)
 	if !ok {
 		return
 	}
@@ -667,7 +681,7 @@ func (s *Server) triggerBatch(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
-	p, ok := page(w, r)
+	p, ok := page(w, r, isRunID)
 	if !ok {
 		return
 	}

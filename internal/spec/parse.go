@@ -575,6 +575,11 @@ func Parse(doc []byte, lim Limits) (*Workflow, error) {
 	return w, nil
 }
 
+// ValidName tells whether s can be a workflow's name: every name stored
+// is one (the rule has not changed), so a list's cursor that is not one
+// was never a cursor of the workflow list.
+func ValidName(s string) bool { return workflowNameRE.MatchString(s) && !isUUID(s) }
+
 func isUUID(s string) bool {
 	_, err := uuid.Parse(s)
 	return err == nil

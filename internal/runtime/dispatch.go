@@ -188,6 +188,15 @@ func (r *Runtime) expireTx(ctx context.Context, tx store.RunTx) (applied bool, e
 	return true, r.flush(ctx, tx, run, ch)
 }
 
+// pastExpiry says whether run, live, is at or past its expires_at at now:
+// its expiry is due but not applied yet (a timer backlog, a restart after
+// downtime). What would record a step's outcome then drops it, as it is
+// dropped once the expiry has ended the run, so that no outcome counts
+// for arriving before the expiry's timer rather than before the deadline.
+func pastExpiry(run *store.Run, now time.Time) bool {
+	return !status.RunTerminal(run.Status) && !run.ExpiresAt.IsZero() && !now.Before(run.ExpiresAt)
+}
+
 // saturatedTick bounds how long the dispatcher waits while every
 // processing slot is busy with HTTP attempts.
 const saturatedTick = 10 * time.Millisecond
@@ -293,7 +302,9 @@ func (r *Runtime) runHTTP(ctx context.Context, it *store.QueueItem) error {
 		// outcome may have been recorded since, later (store.RunTx.Now).
 		now := tx.Now()
 		s := tx.Step(it.Step)
-		if s == nil || s.Status != status.StepRunning || status.RunTerminal(tx.Run().Status) {
+		if s == nil || s.Status != status.StepRunning || status.RunTerminal(tx.Run().Status) || pastExpiry(tx.Run(), now) {
+			// Past the run's expiry, the outcome is dropped as it is once
+			// the expiry is applied (pastExpiry).
 			return nil
 		}
 		ch := &changes{now: now, runID: it.RunID, offer: of}

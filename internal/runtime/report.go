@@ -175,6 +175,13 @@ func (r *Runtime) applyReports(batch []*reportReq) []*reportReq {
 		if t.Status != status.TaskLeased {
 			return fmt.Errorf("task %s is %s: %w", q.id, t.Status, ErrTaskFinished)
 		}
+		if run := tx.Run(); run != nil && pastExpiry(run.Run(), tx.Now()) {
+			// Its expiry is due and not applied yet (a timer backlog, a
+			// restart after downtime): the report is refused as it will
+			// be once the expiry cancels the task, whenever it fires. It
+			// finished the run past its max_duration, as completed.
+			return fmt.Errorf("task %s: its run exceeded max_duration at %s: %w", q.id, run.Run().ExpiresAt.UTC().Format(time.RFC3339Nano), ErrTaskFinished)
+		}
 		if err := q.fn(tx, of); err != nil {
 			return err
 		}

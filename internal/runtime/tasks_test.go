@@ -23,6 +23,7 @@ import (
 	"github.com/ferryhq/ferry/internal/store/postgres/pgtest"
 	"github.com/ferryhq/ferry/internal/store/sqlite"
 	"github.com/ferryhq/ferry/internal/store/sqlstore"
+	"github.com/ferryhq/ferry/internal/testwait"
 )
 
 // t0 has microsecond precision, the stores' resolution, so times read back
@@ -1342,4 +1343,32 @@ func TestWaitingClaimTimerNotPutOff(t *testing.T) {
 	e.create(t, runtime.NewTask{Type: "due.b.v1", RunAt: &later})
 	e.clk.Advance(500 * time.Microsecond)
 	wantClaimed(t, claimed, k, "at its timer, after a commit of a task ahead")
+}
+
+// TestReportPastMaxDurationRefused: a worker's report that comes after its
+// run's expires_at, before the expiry's timer has fired (a backlog, a
+// restart after downtime), is refused as it is once the timer has, and
+// the run then ends as timeout. It completed the step and the run, past
+// the deadline, while the same report a moment later was refused.
+func TestReportPastMaxDurationRefused(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e *env) {
+		ctx := t.Context()
+		e.workflow(t, `{"name": "late", "max_duration": "10m", "tasks": {"a": {"task": {"type": "late.a.v1"}}}}`)
+		r := e.trigger(t, "late", `{}`)
+		k := e.claimOne(t, "late.%")
+		e.clk.Advance(20 * time.Minute) // no timer loop runs yet: the expiry is due, not applied
+		_, err := e.rt.CompleteTask(ctx, k.ID, k.LeaseToken, json.RawMessage(`{"ok": true}`))
+		wantIs(t, err, runtime.ErrTaskFinished, "a completion past the run's expires_at")
+		if run, steps := e.run(t, r.ID); run.Status != status.RunRunning || steps["a"].Status != status.StepRunning {
+			t.Fatalf("after the refused report the run is %s, its step %s; want both as they were", run.Status, steps["a"].Status)
+		}
+		startRuntime(t, e.rt)
+		testwait.Until(t, 10*time.Second, "the expiry to end the run", func() bool {
+			run, _ := e.run(t, r.ID)
+			return run.Status == status.RunTimeout
+		})
+		if got := e.get(t, k.ID); got.Status != status.TaskCancelled {
+			t.Errorf("the task is %s, want cancelled with its run", got.Status)
+		}
+	})
 }

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/client"
+	"github.com/ferryhq/ferry/internal/api"
 	"github.com/ferryhq/ferry/internal/ferrytest"
 	"github.com/ferryhq/ferry/internal/store/postgres/pgtest"
 	"github.com/ferryhq/ferry/internal/testwait"
@@ -359,4 +361,38 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestMetricsUnmatchedRequests: requests no route takes count under route
+// "unmatched", as the docs say, whichever catch-all answers them. Since
+// paths outside /api/ got a JSON 404 or 405 from the pattern "/", they
+// were counted under route="/", a label the docs do not name.
+func TestMetricsUnmatchedRequests(t *testing.T) {
+	srv := ferrytest.Start(t)
+	for _, r := range []struct{ method, path string }{
+		{"GET", "/nope"}, {"GET", "/"}, {"POST", "/healthz"}, {"GET", "/wh/abc"}, {"GET", "/api/v1/nope"},
+	} {
+		req, _ := http.NewRequest(r.method, srv.URL+r.path, nil)
+		req.Header.Set("Authorization", "Bearer "+srv.Key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	m := scrape(t, srv)
+	for code, want := range map[string]float64{"404": 3, "405": 2} {
+		if v, _ := sample(m, "ferry_api_requests_total", map[string]string{"route": "unmatched", "code": code}); v != want {
+			t.Errorf(`ferry_api_requests_total{route="unmatched",code=%q} = %v, want %v`, code, v, want)
+		}
+	}
+	for _, name := range []string{"ferry_api_requests_total", "ferry_api_request_seconds"} {
+		for _, x := range m[name].GetMetric() {
+			for _, l := range x.GetLabel() {
+				if l.GetName() == "route" && l.GetValue() != "unmatched" && !slices.Contains(api.Routes, l.GetValue()) {
+					t.Errorf("%s has route %q, which is neither a route nor unmatched", name, l.GetValue())
+				}
+			}
+		}
+	}
 }

@@ -140,7 +140,9 @@ func (m *Metrics) HTTPAttempt(outcome string, took time.Duration) {
 // Instrument counts and times the requests next serves, by the route
 // pattern its ServeMux matched (r.Pattern, "METHOD /path/{param}"), so
 // that ids in paths do not make a series each; requests no route matched
-// count as "unmatched".
+// count as "unmatched". So do those the catch-all patterns answer (the
+// API's "/api/" and "/" give JSON 404s and 405s): a pattern that takes any
+// path names no route, and "/" is where every stray probe lands.
 func (m *Metrics) Instrument(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
@@ -156,7 +158,7 @@ func (m *Metrics) Instrument(next http.Handler) http.Handler {
 				defer panic(p)
 			}
 			route := r.Pattern
-			if route == "" || route == "/api/" {
+			if route == "" || route == "/api/" || route == "/" {
 				route = "unmatched"
 			}
 			m.apiTime.WithLabelValues(route).Observe(time.Since(start).Seconds())

@@ -38,13 +38,15 @@ func TestEventsByFamily(t *testing.T) {
 }
 
 // Requests count by the pattern their mux matched (ids in paths make no
-// series of their own), with the status written, 200 when none was.
+// series of their own), with the status written, 200 when none was; the
+// catch-all patterns count as unmatched.
 func TestInstrumentRoutes(t *testing.T) {
 	m := New("sqlite")
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /api/v1/runs/{id}", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("{}")) })
 	mux.HandleFunc("POST /api/v1/runs/{id}/cancel", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusConflict) })
 	mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNotFound) })
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNotFound) })
 	h := m.Instrument(mux)
 	for _, req := range []*http.Request{
 		httptest.NewRequest("GET", "/api/v1/runs/a", nil),
@@ -52,6 +54,7 @@ func TestInstrumentRoutes(t *testing.T) {
 		httptest.NewRequest("POST", "/api/v1/runs/a/cancel", nil),
 		httptest.NewRequest("GET", "/api/v1/nothing", nil),
 		httptest.NewRequest("GET", "/elsewhere", nil),
+		httptest.NewRequest("GET", "/", nil),
 	} {
 		h.ServeHTTP(httptest.NewRecorder(), req)
 	}
@@ -59,7 +62,7 @@ func TestInstrumentRoutes(t *testing.T) {
 # HELP ferry_api_requests_total API requests answered, by route and status code.
 # TYPE ferry_api_requests_total counter
 ferry_api_requests_total{code="200",route="GET /api/v1/runs/{id}"} 2
-ferry_api_requests_total{code="404",route="unmatched"} 2
+ferry_api_requests_total{code="404",route="unmatched"} 3
 ferry_api_requests_total{code="409",route="POST /api/v1/runs/{id}/cancel"} 1
 `
 	if err := testutil.CollectAndCompare(m.apiCount, strings.NewReader(want)); err != nil {

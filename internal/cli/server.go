@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -153,6 +154,7 @@ it once; only its hash is stored.`,
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", envOr("FERRY_LISTEN", "127.0.0.1:8080"), "address to listen on (FERRY_LISTEN)")
 	f.StringVar(&database, "database", envOr("FERRY_DATABASE", ferry.DefaultDatabase), "sqlite:PATH or postgres:// URL (FERRY_DATABASE)")
+	hideDefaultPassword(cmd)
 	f.StringVar(&publicURL, "public-url", envOr("FERRY_PUBLIC_URL", ""), "base URL for webhook callbacks (FERRY_PUBLIC_URL; default http:// and the address bound)")
 	f.StringVar(&egress, "egress-allow", envOr("FERRY_EGRESS_ALLOW", ""), "CIDRs and host names HTTP steps may reach besides public addresses (FERRY_EGRESS_ALLOW)")
 	f.BoolVar(&migrate, "migrate", true, "apply pending database migrations at start")
@@ -178,15 +180,30 @@ func migrateCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&database, "database", envOr("FERRY_DATABASE", ferry.DefaultDatabase), "sqlite:PATH or postgres:// URL (FERRY_DATABASE)")
+	hideDefaultPassword(cmd)
 	return cmd
 }
 
-// redact hides a Postgres password in logs: the URL's own, and a
-// password parameter (libpq's ?password=).
+// hideDefaultPassword keeps the password of a FERRY_DATABASE URL out of
+// --help, which shows the flag's default: help output is pasted into
+// issues and chats, and the password stays out of errors and logs too.
+func hideDefaultPassword(cmd *cobra.Command) {
+	f := cmd.Flags().Lookup("database")
+	f.DefValue = redact(f.DefValue)
+}
+
+// redact hides a Postgres password in logs and help: the URL's own, and
+// a password parameter (libpq's ?password=). A setting that is neither a
+// SQLite path nor a URL that parses (a password whose % is not encoded, a
+// key=value connection string) is not shown at all: where its password
+// is cannot be told.
 func redact(db string) string {
-	u, err := url.Parse(db)
-	if err != nil {
+	if strings.HasPrefix(db, "sqlite:") {
 		return db
+	}
+	u, err := url.Parse(db)
+	if err != nil || u.Scheme == "" {
+		return "(not shown: not a URL, so its password cannot be hidden)"
 	}
 	changed := false
 	if u.User != nil {

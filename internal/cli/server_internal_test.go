@@ -18,6 +18,8 @@ func TestRedactHidesPasswords(t *testing.T) {
 		"postgres://u@db/f?sslmode=disable&password=secret": "postgres://u@db/f?password=xxxxx&sslmode=disable",
 		"postgres://u@db/f?sslmode=disable":                 "postgres://u@db/f?sslmode=disable",
 		"sqlite:ferry.db":                                   "sqlite:ferry.db",
+		"postgres://u:sec%ret@db/f":                         "(not shown: not a URL, so its password cannot be hidden)",
+		"host=db user=u password=secret":                    "(not shown: not a URL, so its password cannot be hidden)",
 	} {
 		if got := redact(in); got != want || strings.Contains(got, "secret") {
 			t.Errorf("redact(%q) = %q, want %q", in, got, want)
@@ -62,5 +64,28 @@ func TestServerRefusesBadFlags(t *testing.T) {
 		if code := Execute(context.Background(), all, io.Discard, &stderr); code == 0 || !strings.Contains(stderr.String(), args[0]) {
 			t.Errorf("server %v: exit %d, stderr %q; want refused naming %s", args, code, stderr.String(), args[0])
 		}
+	}
+}
+
+// TestHelpHidesDatabasePassword: --help shows --database's default, read
+// from FERRY_DATABASE, without its password (it showed the URL whole).
+func TestHelpHidesDatabasePassword(t *testing.T) {
+	for _, db := range []string{"postgres://ferry:secret@db:5432/ferry", "postgres://ferry:sec%ret@db:5432/ferry"} {
+		t.Setenv("FERRY_DATABASE", db)
+		for _, cmd := range []string{"server", "migrate"} {
+			var out bytes.Buffer
+			if code := Execute(context.Background(), []string{cmd, "--help"}, &out, io.Discard); code != 0 {
+				t.Fatalf("%s --help: exit %d", cmd, code)
+			}
+			if help := out.String(); strings.Contains(help, "secret") || strings.Contains(help, "sec%ret") || !strings.Contains(help, "--database") {
+				t.Errorf("FERRY_DATABASE=%s %s --help shows the password:\n%s", db, cmd, help)
+			}
+		}
+	}
+	t.Setenv("FERRY_DATABASE", "postgres://ferry:secret@db:5432/ferry")
+	var out bytes.Buffer
+	Execute(context.Background(), []string{"server", "--help"}, &out, io.Discard)
+	if !strings.Contains(out.String(), `(default "postgres://ferry:xxxxx@db:5432/ferry")`) {
+		t.Errorf("the default is not shown redacted:\n%s", out.String())
 	}
 }

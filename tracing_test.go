@@ -289,3 +289,43 @@ func TestTracingKeepsQuerySecretsOut(t *testing.T) {
 		}
 	}
 }
+
+// TestTracingUnmatchedRequests: a request no route takes has a span named
+// by its method alone and no http.route, whichever catch-all answers it.
+// Those the pattern "/" answers (a path outside /api/ no route serves, a
+// method a route does not take) were named "/" with http.route "/", a
+// route Ferry does not have.
+func TestTracingUnmatchedRequests(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	srv := ferrytest.Start(t, func(c *ferry.Config) { c.TracerProvider = tp })
+	for _, r := range []struct{ method, path string }{{"GET", "/nope"}, {"POST", "/healthz"}, {"GET", "/api/v1/nope"}} {
+		req, _ := http.NewRequest(r.method, srv.URL+r.path, nil)
+		req.Header.Set("Authorization", "Bearer "+srv.Key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	var server []tracetest.SpanStub
+	for _, s := range exp.GetSpans() {
+		if s.SpanKind == trace.SpanKindServer {
+			server = append(server, s)
+		}
+	}
+	if len(server) != 3 {
+		t.Fatalf("%d server spans, want 3 (all: %v)", len(server), names(exp))
+	}
+	for _, s := range server {
+		if s.Name != "GET" && s.Name != "POST" {
+			t.Errorf("the span of an unmatched request is named %q, want its method", s.Name)
+		}
+		for _, a := range s.Attributes {
+			if a.Key == "http.route" {
+				t.Errorf("span %q has http.route %q; no route took it", s.Name, a.Value.AsString())
+			}
+		}
+	}
+}

@@ -101,8 +101,12 @@ func (t *Tracer) Middleware(next http.Handler) http.Handler {
 	})
 }
 
+// end names a request's span by its route, or by its method alone when
+// no route took it: no pattern matched, or a catch-all answered (the
+// API's "/api/" and "/" give JSON 404s and 405s), whose pattern names no
+// route.
 func end(span trace.Span, route, method string, code int) {
-	if route != "" && route != "/api/" {
+	if route != "" && route != "/api/" && route != "/" {
 		span.SetName(route)
 		span.SetAttributes(attribute.String("http.route", route))
 	} else {

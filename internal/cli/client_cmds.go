@@ -96,10 +96,19 @@ func (o *clientOpts) checkOutput() error {
 func (o *clientOpts) json() bool { return o.output == "json" }
 
 // exactArgs is cobra.ExactArgs with the command's usage in the message.
+// An empty argument (an unset shell variable) is refused too: it left an
+// empty segment in the request's path, which the server's path cleaning
+// turned into another request (ferry runs "" asked for the runs of a
+// workflow named "runs").
 func exactArgs(n int) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		if len(args) != n {
 			return fmt.Errorf("usage: %s", cmd.UseLine())
+		}
+		for _, a := range args {
+			if strings.TrimSpace(a) == "" {
+				return fmt.Errorf("an empty argument: usage: %s", cmd.UseLine())
+			}
 		}
 		return nil
 	}

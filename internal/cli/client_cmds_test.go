@@ -406,6 +406,12 @@ func TestErrors(t *testing.T) {
 	}{
 		{[]string{"workflows", "-o", "yaml"}, `--output "yaml"`},
 		{[]string{"run"}, "usage: ferry run RUN_ID"},
+		// An empty argument: runs "" asked for the runs of a workflow
+		// named "runs", events "" for the events of run "events".
+		{[]string{"runs", ""}, "an empty argument: usage: ferry runs NAME|ID"},
+		{[]string{"events", ""}, "an empty argument: usage: ferry events RUN_ID"},
+		{[]string{"trigger", " "}, "an empty argument: usage: ferry trigger NAME|ID"},
+		{[]string{"run", ""}, "an empty argument: usage: ferry run RUN_ID"},
 		{[]string{"apply"}, `required flag(s) "file" not set`},
 		{[]string{"apply", "-f", filepath.Join(t.TempDir(), "missing.json")}, "no such file"},
 		{[]string{"trigger", "nope", "-d", "{bad"}, "--data is not valid JSON"},

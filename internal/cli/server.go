@@ -53,6 +53,10 @@ it once; only its hash is stored.`,
 			if publicURL != "" {
 				if u, err := url.Parse(publicURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 					return fmt.Errorf("--public-url %q: want an absolute http or https URL, like https://ferry.example.com", publicURL)
+				} else if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || strings.Contains(publicURL, "#") {
+					// Callback paths (/wh/<token>) are appended to it: after a
+					// query or fragment they would not be paths at all.
+					return fmt.Errorf("--public-url %q: want a URL without a query or fragment (callback paths are appended to it)", publicURL)
 				}
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)

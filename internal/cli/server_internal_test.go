@@ -8,6 +8,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestRedactHidesPasswords: the start-up line shows no Postgres password,
@@ -58,10 +59,18 @@ func TestServerRefusesBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"--lease", "0s"}, {"--lease", "-5s"}, {"--safety-tick", "0s"}, {"--max-steps", "-1"},
 		{"--max-definition-bytes", "0"}, {"--public-url", "notaurl"}, {"--public-url", "ftp://x"},
+		// Callback URLs are the public URL and /wh/<token>: after a query
+		// or a fragment that is no path (a server started with them).
+		{"--public-url", "https://ferry.example.com/?via=lb"}, {"--public-url", "https://ferry.example.com/#x"},
+		{"--public-url", "https://ferry.example.com?"}, {"--public-url", "https://ferry.example.com#"},
 	} {
 		var stderr bytes.Buffer
 		all := append([]string{"server", "--database", "sqlite:" + t.TempDir() + "/f.db", "--listen", "127.0.0.1:0"}, args...)
-		if code := Execute(context.Background(), all, io.Discard, &stderr); code == 0 || !strings.Contains(stderr.String(), args[0]) {
+		// A server that starts instead is stopped (exit 0) at the deadline.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		code := Execute(ctx, all, io.Discard, &stderr)
+		cancel()
+		if code == 0 || !strings.Contains(stderr.String(), args[0]) {
 			t.Errorf("server %v: exit %d, stderr %q; want refused naming %s", args, code, stderr.String(), args[0])
 		}
 	}

@@ -563,3 +563,19 @@ func TestBadInputNullRetryDelayIsUnset(t *testing.T) {
 	}
 	want4xx(t, "retry_delay false", s.do("POST", "/api/v1/tasks", `{"type":"a.v1","retry_delay":false}`), 400, "invalid_request", "retry_delay")
 }
+
+// A path with an empty segment, . or .. is a JSON 404: the mux answered
+// it with an HTML redirect to the cleaned path, another resource
+// (/api/v1/workflows//runs, an empty id, to /api/v1/workflows/runs).
+func TestBadInputUncleanPathIsJSON404(t *testing.T) {
+	s := startF(t, false, nil)
+	for _, p := range []string{"/api/v1/workflows//runs", "/api/v1/runs/./x", "/api/v1/x/../workflows", "//healthz", "/wh//x"} {
+		r := s.do("GET", p, "")
+		if r.status != 404 || r.code() != "not_found" {
+			t.Errorf("GET %s: %d %.200s, want a JSON 404 not_found", p, r.status, r.raw)
+		}
+	}
+	if r := s.do("GET", "/api/v1/workflows/", ""); r.status == 404 && strings.Contains(string(r.raw), "empty segment") {
+		t.Errorf("a trailing slash is not an empty segment: %s", r.raw)
+	}
+}

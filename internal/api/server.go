@@ -13,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"path"
 	"strconv"
 	"strings"
 	"sync"
@@ -190,7 +191,30 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, CodeNotFound, "no such resource")
 		return
 	}
+	if cleanPath(r.URL.Path) != r.URL.Path {
+		// The mux would answer with an HTML redirect to the cleaned path,
+		// which names another resource: /api/v1/workflows//runs (an empty
+		// id) is not /api/v1/workflows/runs.
+		writeError(w, http.StatusNotFound, CodeNotFound, "no such resource: the path has an empty segment, . or ..")
+		return
+	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// cleanPath is p as http.ServeMux cleans it before routing: one slash
+// between segments, no . or .., a trailing slash kept.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	if p[0] != '/' {
+		p = "/" + p
+	}
+	np := path.Clean(p)
+	if p[len(p)-1] == '/' && np != "/" {
+		np += "/"
+	}
+	return np
 }
 
 // MaxJSONNesting bounds how deeply a run's input (a trigger body) nests,

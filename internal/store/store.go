@@ -293,6 +293,9 @@ type Store interface {
 	// tracing, their trace context), keyed by run id; runs that do not
 	// exist are left out.
 	TriggerHeaders(ctx context.Context, runIDs []string) (map[string]map[string]string, error)
+	// ListRuns lists a workflow's runs, newest first, without their
+	// Input and TriggerHeaders (empty): a list shows neither, and a page
+	// of large inputs is not read for it.
 	ListRuns(ctx context.Context, workflowID string, p Page) ([]*Run, string, error)
 	ListEvents(ctx context.Context, runID string, afterSeq int64, limit int) ([]*Event, error)
 	// CountRuns counts a workflow's runs by status.

@@ -166,6 +166,9 @@ func testCreateRun(t *testing.T, s store.Store) {
 	must(t, err, "ListRuns")
 	if len(runs) != 1 || runs[0].ID != r.ID {
 		t.Errorf("ListRuns = %v, want [%s]", runIDs(runs), r.ID)
+	} else if len(runs[0].Input) != 0 || len(runs[0].TriggerHeaders) != 0 || runs[0].Status != r.Status || !runs[0].StartedAt.Equal(r.StartedAt) {
+		// A list shows neither input nor headers: they are not read.
+		t.Errorf("listed run: input %q, headers %v, status %s; want no input or headers and the run's status", runs[0].Input, runs[0].TriggerHeaders, runs[0].Status)
 	}
 }
 

@@ -612,8 +612,11 @@ func (s *Store) UpdateWorkflow(ctx context.Context, ref string, w *store.Workflo
 			return nil, fmt.Errorf("insert workflow version: %w", err)
 		}
 	}
-	if _, err := tx.ExecContext(ctx, s.q(`UPDATE workflows SET name = ?, version = ?, enabled = ?, updated_at = ? WHERE id = ?`),
-		w.Name, version, w.Enabled, ts(now), id); err != nil {
+	// updated_at moves only when something did: an update that changes
+	// nothing (the same definition, name and state, as `ferry apply`
+	// sends on every deploy) leaves the workflow as it was.
+	if _, err := tx.ExecContext(ctx, s.q(`UPDATE workflows SET updated_at = CASE WHEN name = ? AND version = ? AND enabled = ? THEN updated_at ELSE ? END, name = ?, version = ?, enabled = ? WHERE id = ?`),
+		w.Name, version, w.Enabled, ts(now), w.Name, version, w.Enabled, id); err != nil {
 		if s.d.IsUnique(err) {
 			return nil, fmt.Errorf("workflow %q already exists: %w", w.Name, store.ErrConflict)
 		}

@@ -3,6 +3,7 @@ package storetest
 import (
 	"encoding/json"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -128,6 +129,22 @@ func testWorkflowUpdateSameFingerprint(t *testing.T, s store.Store) {
 	}
 	_, err = s.GetWorkflowVersion(ctx, v1.ID, 2)
 	wantErr(t, err, store.ErrNotFound, "GetWorkflowVersion(2) after no-op update")
+
+	// Sent again as it is (what `ferry apply` does on every deploy), it
+	// changes nothing, updated_at included; a rename moves it.
+	for !time.Now().After(got.UpdatedAt.Add(time.Millisecond)) {
+		runtime.Gosched() // the store's clock must have moved on for the check to mean anything
+	}
+	again, err := s.UpdateWorkflow(ctx, "same", &store.Workflow{Name: "same", Fingerprint: v1.Fingerprint, Definition: v1.Definition, Enabled: false})
+	must(t, err, "UpdateWorkflow unchanged")
+	if !again.UpdatedAt.Equal(got.UpdatedAt) || again.Version != 1 {
+		t.Errorf("an unchanged update moved updated_at %s → %s (version %d)", got.UpdatedAt, again.UpdatedAt, again.Version)
+	}
+	renamed, err := s.UpdateWorkflow(ctx, "same", &store.Workflow{Name: "same-2", Fingerprint: v1.Fingerprint, Definition: v1.Definition, Enabled: false})
+	must(t, err, "UpdateWorkflow rename")
+	if !renamed.UpdatedAt.After(got.UpdatedAt) {
+		t.Errorf("a rename left updated_at at %s", renamed.UpdatedAt)
+	}
 }
 
 func testWorkflowUpdateUnknown(t *testing.T, s store.Store) {

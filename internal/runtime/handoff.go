@@ -30,9 +30,10 @@ import (
 
 // waiter is a claim waiting on this node.
 type waiter struct {
-	claim eagerClaim    // what it asks for; taken: what writes leased to it
-	ready chan struct{} // closed once the write that reserved it settled
-	got   []*store.Task // what that write committed, set before ready closes
+	deadline int64         // when its wait ends (unix ns)
+	claim    eagerClaim    // what it asks for; taken: what writes leased to it
+	ready    chan struct{} // closed once the write that reserved it settled
+	got      []*store.Task // what that write committed, set before ready closes
 }
 
 // waiters are the claims waiting on this node and the hand-offs of writes
@@ -41,6 +42,10 @@ type waiters struct {
 	mu   sync.Mutex
 	list []*waiter    // waiting and not reserved, oldest first
 	n    atomic.Int32 // len(list): writes with nobody to hand to skip the lock
+	// last is the latest deadline of the claims in list (unix ns; 0 when
+	// none): a lease that ends after it concerns none of them
+	// (watchLeases).
+	last atomic.Int64
 	lent sync.Map     // lease token -> *atomic.Bool (committed) of tasks handed over
 	seen atomic.Int32 // entries in lent: commits skip the lookups when zero
 }
@@ -49,12 +54,15 @@ type waiters struct {
 // write could hand tasks to now.
 func (r *Runtime) WaitingClaims() int { return int(r.waiting.n.Load()) }
 
-// wait registers a claim that found nothing.
-func (ws *waiters) wait(req ClaimRequest) *waiter {
-	w := &waiter{claim: eagerClaim{req: req}, ready: make(chan struct{})}
+// wait registers a claim that found nothing and waits until deadline.
+func (ws *waiters) wait(req ClaimRequest, deadline time.Time) *waiter {
+	w := &waiter{deadline: deadline.UnixNano(), claim: eagerClaim{req: req}, ready: make(chan struct{})}
 	ws.mu.Lock()
 	ws.list = append(ws.list, w)
 	ws.n.Store(int32(len(ws.list)))
+	if w.deadline > ws.last.Load() {
+		ws.last.Store(w.deadline)
+	}
 	ws.mu.Unlock()
 	return w
 }
@@ -77,8 +85,16 @@ func (ws *waiters) leave(w *waiter) []*store.Task {
 
 // remove takes the i-th waiting claim off the list (ws.mu held).
 func (ws *waiters) remove(i int) {
+	gone := ws.list[i].deadline
 	ws.list = slices.Delete(ws.list, i, i+1)
 	ws.n.Store(int32(len(ws.list)))
+	if gone == ws.last.Load() {
+		var last int64
+		for _, w := range ws.list {
+			last = max(last, w.deadline)
+		}
+		ws.last.Store(last)
+	}
 }
 
 // reserve takes the oldest waiting claim whose types match typ.

@@ -387,3 +387,38 @@ func TestHandoffAfterADecisionAbandoned(t *testing.T) {
 		}
 	})
 }
+
+// TestWaitingClaimWatchesLeasesHandedOutAfter: a claim waiting on this
+// node wakes when the lease of a task handed out after it began waiting
+// ends, and takes the task over if its worker never reported. It had set
+// its wait from the leases out when it began, and slept on to the end of
+// its wait (50 s here, against a 10 s lease).
+func TestWaitingClaimWatchesLeasesHandedOutAfter(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e *env) {
+		ctx := t.Context()
+		e.workflow(t, `{"name": "lw", "tasks": {
+			"a": {"task": {"type": "lw.a.v1"}},
+			"b": {"needs": ["a"], "task": {"type": "lw.b.v1"}}}}`)
+		e.trigger(t, "lw", `{}`)
+		a := e.claimOne(t, "lw.a.v1")
+		done := e.waitingClaimOf(t, ctx, 50*time.Second, 1, "lw.b.v1")
+		if d := e.clk.waitTimer(t); d != 50*time.Second {
+			t.Fatalf("the claim waits %v, want 50s", d)
+		}
+		// The completing worker takes b with its completion (eager
+		// dispatch), for 10 s, and then dies.
+		_, got, err := e.rt.CompleteTaskAndClaim(ctx, a.ID, a.LeaseToken, nil, runtime.ClaimRequest{Types: []string{"lw.b.v1"}, WorkerID: "dies", Lease: 10 * time.Second, Max: 1})
+		must(t, err, "CompleteTaskAndClaim")
+		if len(got) != 1 {
+			t.Fatalf("the completing worker took %d tasks, want b", len(got))
+		}
+		if d := e.clk.waitTimer(t); d != 10*time.Second {
+			t.Fatalf("the waiting claim now waits %v, want the 10s to b's lease end", d)
+		}
+		e.clk.Advance(10 * time.Second)
+		r := recvClaim(t, done)
+		if r.err != nil || len(r.ts) != 1 || r.ts[0].ID != got[0].ID || r.ts[0].Attempt != 2 {
+			t.Fatalf("the waiting claim got %d tasks, %v; want b taken over at attempt 2", len(r.ts), r.err)
+		}
+	})
+}

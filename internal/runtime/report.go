@@ -83,9 +83,41 @@ func (r *Runtime) handedOut(ctx context.Context, ts []*store.Task, since []time.
 			r.taskRunsN.Store(0)
 		}
 	}
+	if r.waiting.n.Load() > 0 {
+		r.watchLeases(ts, r.waiting.last.Load())
+	}
 	// After the waits are measured: the read is not the queue's.
 	if r.cfg.Tracer.Enabled() {
 		r.traceTasks(ctx, ts)
+	}
+}
+
+// watchLeases tells the claims waiting on this node when the leases of ts
+// end: a task whose worker never reports is claimable again then, and a
+// claim set its wait from the leases out when it began (NextTaskDue), so
+// one handed out later was taken over only when that wait ended (a
+// minute, against a lease of seconds). Claims whose wait ends sooner, or
+// that take other types, wait on as they were. Claims waiting on other
+// nodes are not told (they learn at their next claim). A lease that ends
+// after last, the latest of the waiting claims' deadlines, concerns none
+// of them: with leases longer than the claims' waits (the benchmarks'),
+// no claim is woken for it.
+func (r *Runtime) watchLeases(ts []*store.Task, last int64) {
+	var end time.Time
+	var types []string
+	for _, t := range ts {
+		if t.LeaseUntil == nil {
+			continue
+		}
+		if end.IsZero() || t.LeaseUntil.Before(end) {
+			end = *t.LeaseUntil
+		}
+		if !slices.Contains(types, t.Type) {
+			types = append(types, t.Type)
+		}
+	}
+	if !end.IsZero() && end.UnixNano() < last {
+		r.tasksReadyAt(end, types)
 	}
 }
 

@@ -314,7 +314,7 @@ func (r *Runtime) claimTasks(ctx context.Context, req ClaimRequest, again int) (
 		}
 		// Writes may hand tasks to the claim from here on: the sooner,
 		// the fewer triggers find no claim waiting.
-		w := r.waiting.wait(req)
+		w := r.waiting.wait(req, deadline)
 		sleep := deadline.Sub(now)
 		next, ok := c.Next, c.NextOK
 		if !c.NextRead {

@@ -579,3 +579,31 @@ func TestBadInputUncleanPathIsJSON404(t *testing.T) {
 		t.Errorf("a trailing slash is not an empty segment: %s", r.raw)
 	}
 }
+
+// An id in upper case names the same run or task: UUIDs are
+// case-insensitive, and some tools print them in upper case (it was a 404).
+func TestBadInputUpperCaseIDs(t *testing.T) {
+	s := startF(t, false, nil)
+	if r := s.do("POST", "/api/v1/workflows", `{"name":"up","tasks":{"a":{"sleep":"1h"}}}`); r.status != 201 {
+		t.Fatalf("create: %d %s", r.status, r.raw)
+	}
+	tr := s.do("POST", "/api/v1/workflows/up/trigger", `{}`)
+	id, _ := tr.data()["run_id"].(string)
+	if tr.status != 201 || id == "" {
+		t.Fatalf("trigger: %d %s", tr.status, tr.raw)
+	}
+	for _, p := range []string{"/api/v1/runs/" + strings.ToUpper(id), "/api/v1/workflows/up/runs/" + strings.ToUpper(id), "/api/v1/runs/" + strings.ToUpper(id) + "/events"} {
+		if r := s.do("GET", p, ""); r.status != 200 {
+			t.Errorf("GET %s: %d %.200s", p, r.status, r.raw)
+		}
+	}
+	k := s.do("POST", "/api/v1/tasks", `{"type":"up.x.v1"}`)
+	kid, _ := k.data()["id"].(string)
+	if r := s.do("GET", "/api/v1/tasks/"+strings.ToUpper(kid), ""); r.status != 200 || r.data()["id"] != kid {
+		t.Errorf("GET task in upper case: %d %.200s", r.status, r.raw)
+	}
+	// A workflow name is not an id: its case is its own.
+	if r := s.do("GET", "/api/v1/workflows/UP", ""); r.status != 404 {
+		t.Errorf("GET /workflows/UP: %d, want 404 (names are case-sensitive)", r.status)
+	}
+}

@@ -191,6 +191,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, CodeNotFound, "no such resource")
 		return
 	}
+	if p, ok := lowerIDs(r.URL.Path); ok {
+		// Ids are UUIDs, which are case-insensitive (RFC 9562): one
+		// copied in upper case (some tools print them so) names the same
+		// run or task. Names cannot be UUIDs (spec), tokens are not.
+		r.URL.Path = p
+		if r.URL.RawPath != "" {
+			r.URL.RawPath, _ = lowerIDs(r.URL.RawPath)
+		}
+	}
 	if cleanPath(r.URL.Path) != r.URL.Path {
 		// The mux would answer with an HTML redirect to the cleaned path,
 		// which names another resource: /api/v1/workflows//runs (an empty
@@ -199,6 +208,26 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// lowerIDs is p with every segment that is a UUID written with upper-case
+// letters in lower case, and whether there was one.
+func lowerIDs(p string) (string, bool) {
+	if strings.IndexFunc(p, func(c rune) bool { return c >= 'A' && c <= 'F' }) < 0 {
+		return p, false // the common case: nothing to do
+	}
+	segs := strings.Split(p, "/")
+	changed := false
+	for i, seg := range segs {
+		if len(seg) == 36 && seg != strings.ToLower(seg) && isRunID(strings.ToLower(seg)) {
+			segs[i] = strings.ToLower(seg)
+			changed = true
+		}
+	}
+	if !changed {
+		return p, false
+	}
+	return strings.Join(segs, "/"), true
 }
 
 // cleanPath is p as http.ServeMux cleans it before routing: one slash

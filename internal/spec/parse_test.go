@@ -300,6 +300,50 @@ tasks:
 	}
 }
 
+// TestFingerprintStabilityOfDefaultsAndHeaderCase holds the fingerprint to
+// what a step does: a task step's payload written as {}, the payload a step
+// without one is handed, and header names in another case, which go out as
+// the same header, mean the same definition (a resubmission spelling either
+// out stored a new version).
+func TestFingerprintStabilityOfDefaultsAndHeaderCase(t *testing.T) {
+	base := `{"name":"fp","tasks":{
+		"a":{"url":"https://x.test/a","headers":{"Content-Type":"text/plain","X-Api-Key":"{{trigger.body.k}}"}},
+		"t":{"needs":["a"],"task":{"type":"media.resize.v1"}}}}`
+	fp := mustParse(t, []byte(base)).Fingerprint()
+	same := map[string]string{
+		"payload {}":  strings.Replace(base, `"type":"media.resize.v1"`, `"type":"media.resize.v1","payload":{}`, 1),
+		"header case": strings.Replace(base, `"Content-Type":"text/plain","X-Api-Key"`, `"content-type":"text/plain","X-API-KEY"`, 1),
+		"yaml": `
+name: fp
+tasks:
+  a:
+    url: https://x.test/a
+    headers: {content-type: text/plain, x-api-key: "{{trigger.body.k}}"}
+  t:
+    needs: [a]
+    task: {type: media.resize.v1, payload: {}}
+`,
+	}
+	for name, doc := range same {
+		if got := mustParse(t, []byte(doc)).Fingerprint(); got != fp {
+			t.Errorf("%s: fingerprint changed", name)
+		}
+	}
+	different := map[string]string{
+		"payload":      strings.Replace(base, `"type":"media.resize.v1"`, `"type":"media.resize.v1","payload":{"k":1}`, 1),
+		"payload null": strings.Replace(base, `"type":"media.resize.v1"`, `"type":"media.resize.v1","payload":null`, 1),
+		"payload []":   strings.Replace(base, `"type":"media.resize.v1"`, `"type":"media.resize.v1","payload":[]`, 1),
+		"header value": strings.Replace(base, `"text/plain"`, `"Text/Plain"`, 1),
+		"header name":  strings.Replace(base, `"X-Api-Key"`, `"X-Api-Keys"`, 1),
+		"body {}":      strings.Replace(base, `"url":"https://x.test/a",`, `"url":"https://x.test/a","body":{},`, 1),
+	}
+	for name, doc := range different {
+		if got := mustParse(t, []byte(doc)).Fingerprint(); got == fp {
+			t.Errorf("changing the %s kept the fingerprint", name)
+		}
+	}
+}
+
 // errKey is what the validation table compares: the location and the code.
 type errKey struct{ Path, Code string }
 

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"net/textproto"
 	"time"
 
 	"github.com/ferryhq/ferry/internal/expr"
@@ -140,7 +141,20 @@ func (w *Workflow) canonical() []byte {
 		// Spelling out a default must not change the fingerprint; only a
 		// task step's retries defer to the type registry when absent.
 		retriesSet := s.RetriesSet && s.Type == StepTask
-		out.Steps = append(out.Steps, cstep{s.Name, s.Type, s.Needs, s.If, s.URL, s.Method, s.Headers, s.Body, s.HasBody, s.Retries, s.Timeout, s.Sleep, s.WaitTimeout, s.TaskType, s.Payload, s.HasPayload, s.TaskPriority, retriesSet, s.RetryDelay})
+		// A payload of {} is what a task step without one is handed.
+		payload, hasPayload := s.Payload, s.HasPayload
+		if m, ok := payload.(map[string]any); ok && len(m) == 0 {
+			payload, hasPayload = nil, false
+		}
+		// Header names go out in their canonical form, whatever their case.
+		var headers map[string]string
+		if len(s.Headers) > 0 {
+			headers = make(map[string]string, len(s.Headers))
+			for k, v := range s.Headers {
+				headers[textproto.CanonicalMIMEHeaderKey(k)] = v
+			}
+		}
+		out.Steps = append(out.Steps, cstep{s.Name, s.Type, s.Needs, s.If, s.URL, s.Method, headers, s.Body, s.HasBody, s.Retries, s.Timeout, s.Sleep, s.WaitTimeout, s.TaskType, payload, hasPayload, s.TaskPriority, retriesSet, s.RetryDelay})
 	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)

@@ -35,9 +35,11 @@ func parseDuration(s string, stored bool) (time.Duration, error) {
 			return 0, fmt.Errorf("invalid duration %q (use forms like 30s, 5m, 2h, 1d)", s)
 		}
 		days, err := strconv.ParseFloat(rest[:i], 64)
-		// !(days <= max) also rejects NaN; the bound keeps the conversion
-		// below defined (float to int overflow is platform-dependent).
-		if err != nil || days < 0 || !(days*float64(24*time.Hour) <= float64(math.MaxInt64/2)) {
+		// !(days < max) also rejects NaN; the bound keeps the conversion
+		// below defined (float to int overflow is platform-dependent), and
+		// is the one hours have: "106000d" was refused (the bound was half
+		// of it) while the same length in hours was taken.
+		if err != nil || days < 0 || !(days*float64(24*time.Hour) < float64(math.MaxInt64)) {
 			return 0, fmt.Errorf("invalid duration %q (use forms like 30s, 5m, 2h, 1d)", s)
 		}
 		total = time.Duration(days * float64(24*time.Hour))

@@ -521,7 +521,7 @@ func Parse(doc []byte, lim Limits) (*Workflow, error) {
 		case "max_duration":
 			d, err := durationJSON(m.Value, secondUnit, c.stored)
 			if err != nil || d <= 0 {
-				c.add("max_duration", CodeInvalidDuration, "max_duration must be a positive duration like \"30d\" or seconds as a number")
+				c.add("max_duration", CodeInvalidDuration, "max_duration must be a positive duration like \"30d\" (at most 106,751 days) or seconds as a number")
 			} else {
 				w.MaxDuration = d
 			}

@@ -211,6 +211,8 @@ func TestParseDuration(t *testing.T) {
 		"30s": 30 * time.Second, "5m": 5 * time.Minute, "2h": 2 * time.Hour, "1d": 24 * time.Hour,
 		"13d": 13 * 24 * time.Hour, "1.5d": 36 * time.Hour, ".5d": 12 * time.Hour, "1.d": 24 * time.Hour, "+1d": 24 * time.Hour, "007d": 7 * 24 * time.Hour, "1h30m": 90 * time.Minute, "500ms": 500 * time.Millisecond,
 		"1d2h": 26 * time.Hour, " 1h ": time.Hour, "0s": 0,
+		// Days reach as far as hours do (the bound was half of it).
+		"106000d": 106000 * 24 * time.Hour, "106751d": 106751 * 24 * time.Hour,
 	}
 	for in, want := range good {
 		got, err := spec.ParseDuration(in)

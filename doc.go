@@ -3,6 +3,12 @@
 // API from Handler, and call Run to execute workflow runs. The ferry command
 // is a thin wrapper around this package.
 //
+// The Engine's methods refuse what the HTTP API refuses with the
+// *client.APIError it would answer (an unknown workflow is code not_found,
+// an invalid definition invalid_workflow with a detail per problem, a stale
+// lease token matches client.ErrLeaseLost): test them with client.HasCode
+// and errors.Is, as over HTTP.
+//
 // This package wires the internal packages together; it holds no logic of
 // its own beyond configuration and start-up.
 package ferry

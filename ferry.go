@@ -322,11 +322,13 @@ func Migrate(ctx context.Context, database string) error {
 
 // ApplyWorkflow creates a workflow from a JSON or YAML definition, or stores
 // a new version when one with that name exists. It returns the workflow id
-// and version.
+// and version. An invalid definition is a *client.APIError as the HTTP API
+// answers it: code invalid_workflow (422) with a detail per problem, located
+// by its JSON path, or invalid_json (400) for text that is not JSON or YAML.
 func (e *Engine) ApplyWorkflow(ctx context.Context, definition []byte) (id string, version int, err error) {
 	def, err := spec.Parse(definition, e.limits)
 	if err != nil {
-		return "", 0, err
+		return "", 0, workflowErr(err)
 	}
 	rec := &store.Workflow{Name: def.Name, Definition: def.Source, Fingerprint: def.Fingerprint(), Enabled: def.Enabled}
 	wf, err := e.store.CreateWorkflow(ctx, rec)
@@ -334,23 +336,27 @@ func (e *Engine) ApplyWorkflow(ctx context.Context, definition []byte) (id strin
 		wf, err = e.store.UpdateWorkflow(ctx, def.Name, rec)
 	}
 	if err != nil {
-		return "", 0, err
+		return "", 0, workflowErr(err)
 	}
 	return wf.ID, wf.Version, nil
 }
 
 // Trigger starts a run of the workflow named by id or name with a JSON
-// input; a repeated idempotency key returns the first run's id.
+// input; a repeated idempotency key returns the first run's id. What the
+// HTTP API refuses is a *client.APIError with its code: not_found for no
+// such workflow, workflow_disabled for a disabled one, invalid_json,
+// too_large or invalid_request for the input or key (details[0].path names
+// it).
 func (e *Engine) Trigger(ctx context.Context, workflow string, input json.RawMessage, idempotencyKey string) (runID string, err error) {
 	if err := checkTrigger(-1, input, idempotencyKey); err != nil {
 		return "", err
 	}
 	if !spec.CleanText(workflow) {
-		return "", fmt.Errorf("workflow %q: %w", workflow, store.ErrNotFound) // no workflow has such a name or id
+		return "", workflowErr(fmt.Errorf("workflow %q: %w", workflow, store.ErrNotFound)) // no workflow has such a name or id
 	}
 	run, _, err := e.rt.Trigger(ctx, runtime.TriggerRequest{Workflow: workflow, Input: input, IdempotencyKey: idempotencyKey})
 	if err != nil {
-		return "", err
+		return "", workflowErr(err)
 	}
 	return run.ID, nil
 }
@@ -402,10 +408,15 @@ const MaxTriggerBatch = runtime.MaxTriggerBatch
 // transaction (at most MaxTriggerBatch): a backfill costs one commit per
 // batch instead of one per run. Results are in input order; a repeated
 // idempotency key returns the first run, also within the batch. On an
-// error no run was started. An empty batch starts nothing.
+// error no run was started. An empty batch starts nothing. Errors are
+// Trigger's, an input's or key's located at inputs[N]; more than
+// MaxTriggerBatch inputs are refused as invalid_request at inputs.
 func (e *Engine) TriggerBatch(ctx context.Context, workflow string, inputs []TriggerInput) ([]Triggered, error) {
 	if !spec.CleanText(workflow) {
-		return nil, fmt.Errorf("workflow %q: %w", workflow, store.ErrNotFound)
+		return nil, workflowErr(fmt.Errorf("workflow %q: %w", workflow, store.ErrNotFound))
+	}
+	if len(inputs) > MaxTriggerBatch {
+		return nil, invalid("inputs", fmt.Sprintf("a batch starts at most %d runs (got %d)", MaxTriggerBatch, len(inputs)))
 	}
 	reqs := make([]runtime.TriggerRequest, len(inputs))
 	for i, in := range inputs {
@@ -416,7 +427,7 @@ func (e *Engine) TriggerBatch(ctx context.Context, workflow string, inputs []Tri
 	}
 	res, err := e.rt.TriggerBatch(ctx, workflow, reqs)
 	if err != nil {
-		return nil, err
+		return nil, workflowErr(err)
 	}
 	out := make([]Triggered, len(res))
 	for i, r := range res {

@@ -159,3 +159,62 @@ func TestEmbeddedUnknownIDOnPostgres(t *testing.T) {
 		}
 	}
 }
+
+// TestEmbeddedWorkflowRefusalsAsHTTP: ApplyWorkflow, Trigger and
+// TriggerBatch refuse as the HTTP API does, with a *client.APIError of
+// the same status, code and details[0].path, on both databases. (An
+// unknown or disabled workflow was an error wrapping an internal
+// sentinel, and an invalid definition an internal type: a caller could
+// tell them apart only by their text.)
+func TestEmbeddedWorkflowRefusalsAsHTTP(t *testing.T) {
+	for _, db := range []string{"sqlite", "postgres"} {
+		t.Run(db, func(t *testing.T) {
+			t.Parallel()
+			var opts []func(*ferry.Config)
+			if db == "postgres" {
+				dsn := pgtest.DSN(t)
+				opts = append(opts, func(c *ferry.Config) { c.Database = dsn })
+			}
+			srv := ferrytest.Start(t, opts...)
+			e, ctx := srv.Engine, context.Background()
+			c := client.New(srv.URL, srv.Key)
+			if _, _, err := e.ApplyWorkflow(ctx, []byte(`{"name": "off", "enabled": false, "tasks": {"a": {"sleep": "1h"}}}`)); err != nil {
+				t.Fatal(err)
+			}
+			badDef := []byte(`{"name": "bad", "tasks": {"a": {"needs": ["b"], "sleep": "1s"}}}`)
+			cases := []struct {
+				name, want     string
+				embedded, http func() error
+			}{
+				{"Trigger unknown workflow", "404 not_found path=-",
+					func() error { _, err := e.Trigger(ctx, "nope", nil, ""); return err },
+					func() error { _, _, err := c.Trigger(ctx, "nope", nil, ""); return err }},
+				{"Trigger disabled workflow", "409 workflow_disabled path=-",
+					func() error { _, err := e.Trigger(ctx, "off", nil, ""); return err },
+					func() error { _, _, err := c.Trigger(ctx, "off", nil, ""); return err }},
+				{"TriggerBatch unknown workflow", "404 not_found path=-",
+					func() error { _, err := e.TriggerBatch(ctx, "nope", []ferry.TriggerInput{{}}); return err },
+					func() error { _, err := c.TriggerBatch(ctx, "nope", []client.BatchRun{{}}); return err }},
+				{"TriggerBatch disabled workflow", "409 workflow_disabled path=-",
+					func() error { _, err := e.TriggerBatch(ctx, "off", []ferry.TriggerInput{{}}); return err },
+					func() error { _, err := c.TriggerBatch(ctx, "off", []client.BatchRun{{}}); return err }},
+				{"ApplyWorkflow invalid definition", "422 invalid_workflow path=tasks.a.needs[0]",
+					func() error { _, _, err := e.ApplyWorkflow(ctx, badDef); return err },
+					func() error { _, _, err := c.ApplyWorkflow(ctx, "bad", badDef); return err }},
+				{"ApplyWorkflow not JSON or YAML", "400 invalid_json path=",
+					func() error { _, _, err := e.ApplyWorkflow(ctx, []byte(`{"name": `)); return err },
+					func() error { _, _, err := c.ApplyWorkflow(ctx, "x", []byte(`{"name": `)); return err }},
+			}
+			for _, tc := range cases {
+				em, ht := refusal(tc.embedded()), refusal(tc.http())
+				if em != ht || ht != tc.want {
+					t.Errorf("%s: embedded %s, HTTP %s; want both %s", tc.name, em, ht, tc.want)
+				}
+			}
+			_, err := e.TriggerBatch(ctx, "off", make([]ferry.TriggerInput, ferry.MaxTriggerBatch+1))
+			if got := refusal(err); got != "400 invalid_request path=inputs" {
+				t.Errorf("TriggerBatch of %d inputs: %s (%v), want 400 invalid_request path=inputs", ferry.MaxTriggerBatch+1, got, err)
+			}
+		})
+	}
+}

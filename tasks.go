@@ -278,6 +278,35 @@ func invalid(path, msg string) error {
 		Details: []client.FieldDetail{{Path: path, Code: client.CodeInvalidRequest, Message: msg}}}
 }
 
+// workflowErr maps the refusals of ApplyWorkflow and the triggers to the
+// HTTP API's errors, as taskErr does the task methods': the store's and
+// runtime's sentinels are internal, so a caller could tell an unknown
+// workflow from a disabled one or a database failure only by the text.
+// Anything else (a database failure, ctx ending) is returned as is.
+func workflowErr(err error) error {
+	var ve *spec.ValidationError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &ve):
+		details := make([]client.FieldDetail, len(ve.Errors))
+		for i, fe := range ve.Errors {
+			details[i] = client.FieldDetail{Path: fe.Path, Code: fe.Code, Message: fe.Message}
+		}
+		if len(details) == 1 && details[0].Code == spec.CodeInvalidJSON {
+			return &client.APIError{StatusCode: http.StatusBadRequest, Code: client.CodeInvalidJSON, Message: details[0].Message, Details: details}
+		}
+		return &client.APIError{StatusCode: http.StatusUnprocessableEntity, Code: client.CodeInvalidWorkflow, Message: "the workflow definition is invalid", Details: details}
+	case errors.Is(err, store.ErrNotFound):
+		return &client.APIError{StatusCode: http.StatusNotFound, Code: client.CodeNotFound, Message: err.Error()}
+	case errors.Is(err, runtime.ErrDisabled):
+		return &client.APIError{StatusCode: http.StatusConflict, Code: client.CodeDisabled, Message: err.Error()}
+	case errors.Is(err, store.ErrWorkflowChanged):
+		return &client.APIError{StatusCode: http.StatusConflict, Code: client.CodeConflict, Message: err.Error()}
+	}
+	return err
+}
+
 // taskErr maps the runtime's refusals to the API's errors; anything else
 // (a database failure, ctx ending) is returned as is.
 func taskErr(err error) error {

@@ -2,11 +2,16 @@ package ferry_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/ferryhq/ferry"
+	"github.com/ferryhq/ferry/client"
+	"github.com/ferryhq/ferry/internal/store/postgres/pgtest"
+	"github.com/ferryhq/ferry/internal/testwait"
 )
 
 // TestCloseTwice: a second Engine.Close (an explicit Close beside a
@@ -22,5 +27,63 @@ func TestCloseTwice(t *testing.T) {
 	}
 	if err := e.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
+	}
+}
+
+// TestCloseStopsRun: Close while Run runs (a Run whose context never
+// ends) stops it, as its context's end would, and returns once it has
+// returned, before the database closes; a Run called after Close returns
+// ErrClosed at once. (Run went on against the closed database until its
+// context ended, forever with context.Background(), logging failed
+// claims and timer reads every SafetyTick; a Run after Close did the
+// same.)
+func TestCloseStopsRun(t *testing.T) {
+	for _, db := range []string{"sqlite", "postgres"} {
+		t.Run(db, func(t *testing.T) {
+			t.Parallel()
+			dsn := "sqlite:" + filepath.Join(t.TempDir(), "f.db")
+			if db == "postgres" {
+				dsn = pgtest.DSN(t)
+			}
+			var logs syncBuffer
+			ctx := context.Background()
+			e, err := ferry.Open(ctx, ferry.Config{Database: dsn, Migrate: true, SafetyTick: 10 * time.Millisecond,
+				Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			if _, _, err := e.ApplyWorkflow(ctx, []byte(`{"name": "w", "tasks": {"nap": {"sleep": "1ms"}, "job": {"needs": ["nap"], "task": {"type": "close.job.v1"}}}}`)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.Trigger(ctx, "w", nil, ""); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- e.Run(ctx) }()
+			// The sleep's timer fires only while Run runs: its task is
+			// there once Run does.
+			testwait.Until(t, 10*time.Second, "Run to fire the sleep", func() bool {
+				got, err := e.ClaimTasks(ctx, client.ClaimRequest{Types: []string{"close.job.v1"}})
+				return err == nil && len(got) == 1
+			})
+			if err := e.Close(); err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Run stopped by Close: %v, want nil", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("Run still running 10s after Close returned")
+			}
+			if err := e.Run(ctx); !errors.Is(err, ferry.ErrClosed) {
+				t.Errorf("Run after Close: %v, want ErrClosed", err)
+			}
+			if l := logs.String(); l != "" {
+				t.Errorf("logged at warn or above around Close:\n%s", l)
+			}
+		})
 	}
 }

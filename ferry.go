@@ -98,6 +98,14 @@ type Engine struct {
 	// must not close the store twice (SQLite's writer panicked).
 	closed   sync.Once
 	closeErr error
+	// stopRuns ends the Run in progress at Close (closing, its context's
+	// end), which waits for it in runs before the store closes; a Run
+	// called once closing is set returns ErrClosed.
+	runMu    sync.Mutex
+	isClosed bool
+	runs     sync.WaitGroup
+	closing  context.Context
+	stopRuns context.CancelFunc
 }
 
 // OpenStore opens the store named by a database URL.
@@ -208,7 +216,8 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 		cfg.BodyReadTimeout = DefaultBodyReadTimeout
 	}
 	handler := httpwrap.BodyDeadline(m.Instrument(tr.Middleware(srv)), cfg.BodyReadTimeout)
-	return &Engine{store: st, rt: rt, api: srv, handler: handler, log: cfg.Logger, limits: limits}, nil
+	closing, stopRuns := context.WithCancel(context.Background())
+	return &Engine{store: st, rt: rt, api: srv, handler: handler, log: cfg.Logger, limits: limits, closing: closing, stopRuns: stopRuns}, nil
 }
 
 // newMetrics builds an engine's metrics and connects the store's: the
@@ -252,14 +261,31 @@ func newMetrics(st store.Store) *metrics.Metrics {
 // counting its requests (metrics).
 func (e *Engine) Handler() http.Handler { return e.handler }
 
-// Run executes due work until ctx ends, and returns once the work in
-// flight has stopped (on Postgres, once the other servers have been told
-// this one stopped). One Run at a time: another while one runs returns
-// ErrRunning. Run may be called again after it returns.
-func (e *Engine) Run(ctx context.Context) error { return e.rt.Run(ctx) }
+// Run executes due work until ctx ends or Close is called, and returns
+// once the work in flight has stopped (on Postgres, once the other
+// servers have been told this one stopped). One Run at a time: another
+// while one runs returns ErrRunning. Run may be called again after it
+// returns, but not after Close: it then returns ErrClosed at once.
+func (e *Engine) Run(ctx context.Context) error {
+	e.runMu.Lock()
+	if e.isClosed {
+		e.runMu.Unlock()
+		return ErrClosed
+	}
+	e.runs.Add(1)
+	e.runMu.Unlock()
+	defer e.runs.Done()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(e.closing, cancel)()
+	return e.rt.Run(ctx)
+}
 
 // ErrRunning is Run's error while another Run of the engine runs.
 var ErrRunning = runtime.ErrRunning
+
+// ErrClosed is Run's error once the engine is closed.
+var ErrClosed = errors.New("ferry: engine closed")
 
 // Drain makes waiting task claims return at once (empty); call it when the
 // HTTP server starts shutting down.
@@ -269,10 +295,16 @@ func (e *Engine) Drain() { e.rt.Drain() }
 // wake-up.
 func (e *Engine) Nudge() { e.rt.Nudge() }
 
-// Close releases the database. Calls after the first do nothing and
-// return the first's error.
+// Close stops a Run in progress, as the end of its context does, waits
+// for it to return, and releases the database. Calls after the first do
+// nothing and return the first's error.
 func (e *Engine) Close() error {
 	e.closed.Do(func() {
+		e.runMu.Lock()
+		e.isClosed = true
+		e.runMu.Unlock()
+		e.stopRuns()
+		e.runs.Wait() // its last writes (on Postgres, its goodbye) before the store closes
 		e.rt.Close()
 		e.closeErr = e.store.Close()
 	})

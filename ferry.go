@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -41,7 +42,9 @@ type Config struct {
 	// Database is "sqlite:PATH" or a postgres:// URL.
 	Database string
 	// PublicURL is the base of webhook callback URLs
-	// (e.g. https://ferry.example.com).
+	// (e.g. https://ferry.example.com): an absolute http or https URL
+	// without a query or fragment, since callback paths (/wh/<token>) are
+	// appended to it; Open refuses others.
 	PublicURL string
 	// EgressAllow lists CIDRs and host names that HTTP steps may reach
 	// besides public addresses (comma-separated).
@@ -148,6 +151,9 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if err := checkPublicURL(cfg.PublicURL); err != nil {
+		return nil, err
+	}
 	policy, err := netguard.ParsePolicy(cfg.EgressAllow)
 	if err != nil {
 		return nil, fmt.Errorf("egress allow list: %w", err)
@@ -218,6 +224,22 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 	handler := httpwrap.BodyDeadline(m.Instrument(tr.Middleware(srv)), cfg.BodyReadTimeout)
 	closing, stopRuns := context.WithCancel(context.Background())
 	return &Engine{store: st, rt: rt, api: srv, handler: handler, log: cfg.Logger, limits: limits, closing: closing, stopRuns: stopRuns}, nil
+}
+
+// checkPublicURL refuses a public URL that callback URLs cannot be made
+// from: one not absolute http or https, or with a query or fragment, after
+// which /wh/<token> would not be a path (https://host/?via=lb/wh/…: every
+// callback missed).
+func checkPublicURL(public string) error {
+	if public == "" {
+		return nil
+	}
+	if u, err := url.Parse(public); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("public URL %q: want an absolute http or https URL, like https://ferry.example.com", public)
+	} else if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || strings.Contains(public, "#") {
+		return fmt.Errorf("public URL %q: want a URL without a query or fragment (callback paths are appended to it)", public)
+	}
+	return nil
 }
 
 // newMetrics builds an engine's metrics and connects the store's: the

@@ -416,7 +416,8 @@ func (e *Engine) Trigger(ctx context.Context, workflow string, input json.RawMes
 }
 
 // checkTrigger refuses, as the HTTP API does, an input over 1 MiB
-// (too_large) or not JSON (UTF-8, RFC 8259; invalid_json), and an
+// (too_large), not JSON (UTF-8, RFC 8259) or nested more than
+// api.MaxJSONNesting levels deep (invalid_json), and an
 // idempotency key the databases cannot index or store as text. It checks
 // the batch's item i, or a single trigger when i < 0 (the path then has
 // no prefix); the path is built only for an error: a batch's thousand good
@@ -433,6 +434,8 @@ func checkTrigger(i int, input json.RawMessage, key string) error {
 		return tooLarge(fmt.Sprintf("%s is over %d bytes", path("input"), api.MaxTriggerBody))
 	case len(input) > 0 && !jsonText(input):
 		return invalidJSON(path("input"), "the input is not valid JSON")
+	case api.NestsTooDeep(input):
+		return invalidJSON(path("input"), fmt.Sprintf("%s nests more than %d levels deep", path("input"), api.MaxJSONNesting))
 	case !spec.ValidKey(key):
 		return invalid(path("idempotency_key"), "an idempotency key is UTF-8 text of at most 255 bytes without control characters (but the tab) or spaces or tabs at its ends")
 	}

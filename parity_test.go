@@ -42,6 +42,7 @@ func TestEmbeddedRefusesAsHTTPDoes(t *testing.T) {
 		t.Fatal(err)
 	}
 	big := json.RawMessage(`{"s":"` + strings.Repeat("x", 2<<20) + `"}`)
+	deep := json.RawMessage(strings.Repeat("[", 1001) + strings.Repeat("]", 1001))
 	claimOne := func(typ string, s interface {
 		CreateTask(context.Context, client.NewTask) (*client.Task, bool, error)
 		ClaimTasks(context.Context, client.ClaimRequest) ([]client.ClaimedTask, error)
@@ -83,6 +84,9 @@ func TestEmbeddedRefusesAsHTTPDoes(t *testing.T) {
 		{"Trigger input not JSON",
 			func() error { _, err := e.Trigger(ctx, "w", json.RawMessage(`{`), ""); return err },
 			func() error { _, _, err := c.Trigger(ctx, "w", json.RawMessage(`{`), ""); return err }},
+		{"Trigger input nested 1,001 levels",
+			func() error { _, err := e.Trigger(ctx, "w", deep, ""); return err },
+			func() error { _, _, err := c.Trigger(ctx, "w", deep, ""); return err }},
 		{"CompleteTaskAndClaim next without types",
 			func() error {
 				ct := claimOne("n.e.v1", e)
@@ -126,7 +130,7 @@ func TestEmbeddedRefusesAsHTTPDoes(t *testing.T) {
 	}
 	for _, tc := range cases {
 		em, ht := refusal(tc.embedded()), refusal(tc.http())
-		if tc.name == "Trigger input not JSON" {
+		if strings.HasPrefix(tc.name, "Trigger input n") {
 			// The HTTP body is the input (its path ""); the engine's
 			// parameter is named.
 			ht = strings.Replace(ht, "path=", "path=input", 1)
@@ -210,6 +214,10 @@ func TestEmbeddedWorkflowRefusalsAsHTTP(t *testing.T) {
 				if em != ht || ht != tc.want {
 					t.Errorf("%s: embedded %s, HTTP %s; want both %s", tc.name, em, ht, tc.want)
 				}
+			}
+			deep := json.RawMessage(strings.Repeat("[", 1001) + strings.Repeat("]", 1001))
+			if _, err := e.TriggerBatch(ctx, "off", []ferry.TriggerInput{{}, {Input: deep}}); refusal(err) != "400 invalid_json path=inputs[1].input" {
+				t.Errorf("TriggerBatch with an input nested 1,001 levels: %s (%v), want 400 invalid_json path=inputs[1].input", refusal(err), err)
 			}
 			_, err := e.TriggerBatch(ctx, "off", make([]ferry.TriggerInput, ferry.MaxTriggerBatch+1))
 			if got := refusal(err); got != "400 invalid_request path=inputs" {

@@ -258,7 +258,11 @@ const MaxJSONNesting = 1000
 // more than MaxJSONNesting levels. Every trigger and every read of a run
 // asks, so it stops at the first level past the limit, and text too
 // short to hold that many brackets is not scanned at all.
-func nestsTooDeep(b []byte) bool {
+func nestsTooDeep(b []byte) bool { return NestsTooDeep(b) }
+
+// NestsTooDeep is nestsTooDeep, for the embedded engine's triggers (package
+// ferry), which refuse what the HTTP API refuses.
+func NestsTooDeep(b []byte) bool {
 	if len(b) <= 2*MaxJSONNesting {
 		return false
 	}

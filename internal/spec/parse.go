@@ -63,11 +63,12 @@ func objectMembers(raw json.RawMessage) ([]member, bool) {
 // Optional settings given as JSON null mean what leaving them out means,
 // the default (docs/api.md, Requests and responses): a YAML key with no
 // value is null. Payloads (body, task.payload) are not settings: null is
-// their value. "if" is not in these: an empty or null condition is
+// their value. A null "if" is no condition, as the seed's DAG format
+// says (null or omitted, the step runs unconditionally); an empty one is
 // refused, so that no one means a condition and gets none.
 var (
 	nullTopDefaults  = map[string]bool{"description": true, "trigger": true, "max_duration": true, "enabled": true}
-	nullStepDefaults = map[string]bool{"needs": true, "method": true, "headers": true, "retries": true, "retry_delay": true, "timeout": true}
+	nullStepDefaults = map[string]bool{"needs": true, "if": true, "method": true, "headers": true, "retries": true, "retry_delay": true, "timeout": true}
 )
 
 // isNull tells whether a member's value is JSON null.
@@ -659,7 +660,7 @@ func parseStep(c *collector, path, name string, raw json.RawMessage) *Step {
 			if s, ok := str(c, p, m.Value); ok {
 				st.If = s
 				if s == "" && !c.stored { // not the same as no condition: say which was meant
-					c.add(p, CodeInvalidCondition, "if is empty or null: give a condition, or leave if out")
+					c.add(p, CodeInvalidCondition, "if is empty: give a condition, or leave if out")
 				}
 			}
 		case "url":

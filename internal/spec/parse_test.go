@@ -1052,7 +1052,7 @@ func TestParseStoredPathUnderAStatus(t *testing.T) {
 // as 0 read so still.
 func TestParseNullSettingsAreDefaults(t *testing.T) {
 	withNulls := `{"name": "n", "description": null, "trigger": null, "max_duration": null, "enabled": null, "tasks": {
-		"a": {"url": "https://x.test/a", "method": null, "headers": null, "retries": null, "timeout": null, "needs": null},
+		"a": {"url": "https://x.test/a", "method": null, "headers": null, "retries": null, "timeout": null, "needs": null, "if": null},
 		"b": {"needs": ["a"], "task": {"type": "a.b.v1", "priority": null}, "retries": null, "retry_delay": null},
 		"c": {"wait_for_webhook": {"timeout": null}}}}`
 	without := `{"name": "n", "tasks": {
@@ -1083,6 +1083,13 @@ func TestParseNullSettingsAreDefaults(t *testing.T) {
 		if c.got != c.want {
 			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
 		}
+	}
+	if a.If != "" {
+		t.Errorf("a null if read as %q, want no condition (the seed: null or omitted runs unconditionally)", a.If)
+	}
+	// An empty condition is still refused: say which was meant.
+	if _, err := spec.Parse([]byte(`{"name": "n", "tasks": {"a": {"sleep": "1s", "if": ""}}}`), spec.DefaultLimits); err == nil {
+		t.Error("an empty if was accepted")
 	}
 	// A type marker is no setting: a null one is still refused.
 	if _, err := spec.Parse([]byte(`{"name": "n", "tasks": {"a": {"sleep": null}}}`), spec.DefaultLimits); err == nil {

@@ -199,6 +199,9 @@ func resultJSON(token string, result any) (json.RawMessage, error) {
 	case nil:
 		return nil, nil
 	case json.RawMessage:
+		if r == nil {
+			return nil, nil // a nil result records null, however it is typed
+		}
 		if !jsonText(r) {
 			return nil, invalid("result", "result must be JSON")
 		}

@@ -574,6 +574,9 @@ func (c *Client) postEnvelope(ctx context.Context, path string, body any, out an
 
 func marshalResult(v any) (json.RawMessage, error) {
 	if raw, ok := v.(json.RawMessage); ok {
+		if raw == nil {
+			return json.RawMessage("null"), nil // a nil result records null, however it is typed
+		}
 		if !json.Valid(raw) {
 			return nil, fmt.Errorf("ferry: task result is not valid JSON")
 		}

@@ -1287,3 +1287,24 @@ func TestBatchedCompletions(t *testing.T) {
 		})
 	}
 }
+
+// TestNilRawMessageResultRecordsNull: a nil json.RawMessage given to
+// CompleteTask records null, as an untyped nil does, through the client
+// and the embedded engine alike (both refused it as "not valid JSON",
+// though the client's doc says nil records null).
+func TestNilRawMessageResultRecordsNull(t *testing.T) {
+	eachSource(t, func(t *testing.T, e *env) {
+		k := e.create(t, "test.raw.v1", `{}`)
+		got, err := e.src.ClaimTasks(t.Context(), client.ClaimRequest{Types: []string{"test.raw.v1"}, WorkerID: "w", Lease: 5 * time.Second, Max: 1})
+		if err != nil || len(got) != 1 {
+			t.Fatalf("claim: %d tasks, %v", len(got), err)
+		}
+		if err := e.src.CompleteTask(t.Context(), got[0].ID, got[0].LeaseToken, json.RawMessage(nil)); err != nil {
+			t.Fatalf("CompleteTask with a nil json.RawMessage: %v", err)
+		}
+		task := e.waitTask(t, k, "success", status(client.TaskSucceeded))
+		if task.Result != nil || task.Attempt != 1 {
+			t.Fatalf("result %s at attempt %d, want null at 1", task.Result, task.Attempt)
+		}
+	})
+}

@@ -365,16 +365,13 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// TestMetricsUnmatchedRequests: requests no route takes count under route
-// "unmatched", as the docs say, whichever catch-all answers them. Since
-// paths outside /api/ got a JSON 404 or 405 from the pattern "/", they
-// were counted under route="/", a label the docs do not name.
-func TestMetricsUnmatchedRequests(t *testing.T) {
-	srv := ferrytest.Start(t)
-	for _, r := range []struct{ method, path string }{
-		{"GET", "/nope"}, {"GET", "/"}, {"POST", "/healthz"}, {"GET", "/wh/abc"}, {"GET", "/api/v1/nope"},
-	} {
-		req, _ := http.NewRequest(r.method, srv.URL+r.path, nil)
+// sendEach sends each "METHOD /path" to srv with its key, and reads
+// nothing back.
+func sendEach(t *testing.T, srv *ferrytest.Server, reqs ...string) {
+	t.Helper()
+	for _, r := range reqs {
+		method, path, _ := strings.Cut(r, " ")
+		req, _ := http.NewRequest(method, srv.URL+path, nil)
 		req.Header.Set("Authorization", "Bearer "+srv.Key)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -382,6 +379,15 @@ func TestMetricsUnmatchedRequests(t *testing.T) {
 		}
 		resp.Body.Close()
 	}
+}
+
+// TestMetricsUnmatchedRequests: requests no route takes count under route
+// "unmatched", as the docs say, whichever catch-all answers them. Since
+// paths outside /api/ got a JSON 404 or 405 from the pattern "/", they
+// were counted under route="/", a label the docs do not name.
+func TestMetricsUnmatchedRequests(t *testing.T) {
+	srv := ferrytest.Start(t)
+	sendEach(t, srv, "GET /nope", "GET /", "POST /healthz", "GET /wh/abc", "GET /api/v1/nope")
 	m := scrape(t, srv)
 	for code, want := range map[string]float64{"404": 3, "405": 2} {
 		if v, _ := sample(m, "ferry_api_requests_total", map[string]string{"route": "unmatched", "code": code}); v != want {

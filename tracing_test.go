@@ -300,15 +300,7 @@ func TestTracingUnmatchedRequests(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	srv := ferrytest.Start(t, func(c *ferry.Config) { c.TracerProvider = tp })
-	for _, r := range []struct{ method, path string }{{"GET", "/nope"}, {"POST", "/healthz"}, {"GET", "/api/v1/nope"}} {
-		req, _ := http.NewRequest(r.method, srv.URL+r.path, nil)
-		req.Header.Set("Authorization", "Bearer "+srv.Key)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-	}
+	sendEach(t, srv, "GET /nope", "POST /healthz", "GET /api/v1/nope")
 	var server []tracetest.SpanStub
 	for _, s := range exp.GetSpans() {
 		if s.SpanKind == trace.SpanKindServer {

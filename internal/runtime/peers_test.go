@@ -12,6 +12,18 @@ import (
 	"github.com/ferryhq/ferry/internal/testwait"
 )
 
+// openPeer opens another server's store on the schema of dsn, closed when
+// the test ends.
+func openPeer(t *testing.T, dsn string) *postgres.Store {
+	t.Helper()
+	s, err := postgres.Open(t.Context(), dsn)
+	if err != nil {
+		t.Fatalf("postgres.Open: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
 // TestPeerTaskWakesWaitingClaim: on Postgres, a task created through one
 // server reaches a claim waiting on another at once: the first server's
 // notification says tasks of that type became claimable, the second tells
@@ -21,15 +33,7 @@ import (
 // claim) must not come, so only the told path can wake it.
 func TestPeerTaskWakesWaitingClaim(t *testing.T) {
 	dsn := pgtest.DSN(t)
-	open := func() *postgres.Store {
-		t.Helper()
-		s, err := postgres.Open(t.Context(), dsn)
-		if err != nil {
-			t.Fatalf("postgres.Open: %v", err)
-		}
-		t.Cleanup(func() { _ = s.Close() })
-		return s
-	}
+	open := func() *postgres.Store { return openPeer(t, dsn) }
 	a := newEnv(t, open())
 	bs := open()
 	b := newEnv(t, bs)
@@ -85,15 +89,7 @@ func TestPeerTaskWakesWaitingClaim(t *testing.T) {
 // up to a second.)
 func TestPeerDisabledTypeStopsHandOversAtOnce(t *testing.T) {
 	dsn := pgtest.DSN(t)
-	open := func() *postgres.Store {
-		t.Helper()
-		s, err := postgres.Open(t.Context(), dsn)
-		if err != nil {
-			t.Fatalf("postgres.Open: %v", err)
-		}
-		t.Cleanup(func() { _ = s.Close() })
-		return s
-	}
+	open := func() *postgres.Store { return openPeer(t, dsn) }
 	a := newEnv(t, open())
 	bs := open()
 	b := newEnv(t, bs)

@@ -379,12 +379,23 @@ func (s *Server) checkKey(ctx context.Context, key string) (bool, error) {
 	return true, nil
 }
 
+// writeStopper is a store that can stop writing for good (SQLite after a
+// failed sync: sqlstore.Store.WriteError).
+type writeStopper interface{ WriteError() error }
+
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	if _, err := s.st.HasAPIKeys(ctx); err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "unavailable", "error": "database unreachable"})
 		return
+	}
+	if ws, ok := s.st.(writeStopper); ok {
+		if err := ws.WriteError(); err != nil {
+			// Reads still answer, but no write will until a restart.
+			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "unavailable", "error": "database not writable: " + err.Error()})
+			return
+		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "database": s.st.Dialect()})
 }

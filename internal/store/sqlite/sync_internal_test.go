@@ -173,11 +173,19 @@ func TestDirectWritesAreSynced(t *testing.T) {
 func TestFailedSyncStopsWrites(t *testing.T) {
 	s, g := openGated(t)
 	boom := errors.New("disk gone")
+	ws := s.(interface{ WriteError() error }) // what /healthz asks
+	if err := ws.WriteError(); err != nil {
+		t.Fatalf("WriteError before any sync failed: %v", err)
+	}
 	done := createTask(t, s, "")
 	<-g.entered
 	g.release <- boom
 	if err := <-done; !errors.Is(err, boom) {
 		t.Fatalf("err = %v, want it to wrap %v", err, boom)
+	}
+	// What /healthz answers 503 with (the reads still work).
+	if err := ws.WriteError(); !errors.Is(err, boom) {
+		t.Errorf("WriteError after the failed sync: %v, want it to wrap %v", err, boom)
 	}
 	calls := g.calls.Load()
 	if _, _, err := s.CreateTask(t.Context(), &store.Task{Type: "x.y.v1", Payload: json.RawMessage(`{}`), RunAt: time.Now()}, time.Now()); !errors.Is(err, boom) {

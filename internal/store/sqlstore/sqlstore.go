@@ -367,6 +367,18 @@ func (s *Store) EnableGroupCommit(max int, sync func() error) {
 	s.group = newGroupCommit(s.w, max, s.cache, sync)
 }
 
+// WriteError is why the store no longer writes, or nil: on SQLite, the
+// first failed sync, after which every write fails (nothing since the
+// last sync is known to be on disk) until the server restarts. /healthz
+// answers 503 with it, so that a load balancer stops sending work to a
+// server whose reads still succeed.
+func (s *Store) WriteError() error {
+	if s.group == nil {
+		return nil
+	}
+	return s.group.failed()
+}
+
 // SerialWrites tells whether one writer applies every write in turn
 // (SQLite's group commit): concurrent write transactions never wait for
 // each other's locks then.

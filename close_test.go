@@ -87,3 +87,53 @@ func TestCloseStopsRun(t *testing.T) {
 		})
 	}
 }
+
+// TestMethodsAfterCloseReturnErrClosed: every method that reads or writes
+// returns ErrClosed once the engine is closed. (They failed with what the
+// closed database said, "sql: database is closed" and the like, which a
+// caller could not tell apart from a database fault.)
+func TestMethodsAfterCloseReturnErrClosed(t *testing.T) {
+	e, err := ferry.Open(context.Background(), ferry.Config{Database: "sqlite:" + filepath.Join(t.TempDir(), "f.db"), Migrate: true, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, _, err := e.ApplyWorkflow(ctx, []byte(`{"name":"w","tasks":{"a":{"sleep":"1h"}}}`)); err != nil {
+		t.Fatal(err)
+	}
+	k, _, err := e.CreateTask(ctx, client.NewTask{Type: "c.x.v1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	calls := map[string]func() error{
+		"EnsureAPIKey": func() error { _, err := e.EnsureAPIKey(ctx, "k"); return err },
+		"ApplyWorkflow": func() error {
+			_, _, err := e.ApplyWorkflow(ctx, []byte(`{"name":"w","tasks":{"a":{"sleep":"1h"}}}`))
+			return err
+		},
+		"Trigger":      func() error { _, err := e.Trigger(ctx, "w", nil, ""); return err },
+		"TriggerBatch": func() error { _, err := e.TriggerBatch(ctx, "w", []ferry.TriggerInput{{}}); return err },
+		"CreateTask":   func() error { _, _, err := e.CreateTask(ctx, client.NewTask{Type: "c.x.v1"}); return err },
+		"GetTask":      func() error { _, err := e.GetTask(ctx, k.ID); return err },
+		"CancelTask":   func() error { _, err := e.CancelTask(ctx, k.ID); return err },
+		"ClaimTasks": func() error {
+			_, err := e.ClaimTasks(ctx, client.ClaimRequest{Types: []string{"c.%"}, WorkerID: "w", Lease: time.Minute, Max: 1})
+			return err
+		},
+		"Heartbeat":    func() error { _, err := e.Heartbeat(ctx, k.ID, "t", time.Minute); return err },
+		"CompleteTask": func() error { return e.CompleteTask(ctx, k.ID, "t", nil) },
+		"CompleteTaskAndClaim": func() error {
+			_, err := e.CompleteTaskAndClaim(ctx, k.ID, "t", nil, client.ClaimRequest{Types: []string{"c.%"}, WorkerID: "w", Lease: time.Minute, Max: 1})
+			return err
+		},
+		"FailTask": func() error { return e.FailTask(ctx, k.ID, "t", "x", false) },
+	}
+	for name, call := range calls {
+		if err := call(); !errors.Is(err, ferry.ErrClosed) {
+			t.Errorf("%s after Close: %v, want ErrClosed", name, err)
+		}
+	}
+}

@@ -7,7 +7,8 @@
 // *client.APIError it would answer (an unknown workflow is code not_found,
 // an invalid definition invalid_workflow with a detail per problem, a stale
 // lease token matches client.ErrLeaseLost): test them with client.HasCode
-// and errors.Is, as over HTTP.
+// and errors.Is, as over HTTP. Once Close has been called, Run and every
+// method that reads or writes return ErrClosed.
 //
 // This package wires the internal packages together; it holds no logic of
 // its own beyond configuration and start-up.

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -106,6 +107,9 @@ type Engine struct {
 	// called once closing is set returns ErrClosed.
 	runMu    sync.Mutex
 	isClosed bool
+	// shut is set as Close begins: every method then returns ErrClosed
+	// (read on every call, so not under runMu).
+	shut     atomic.Bool
 	runs     sync.WaitGroup
 	closing  context.Context
 	stopRuns context.CancelFunc
@@ -306,8 +310,19 @@ func (e *Engine) Run(ctx context.Context) error {
 // ErrRunning is Run's error while another Run of the engine runs.
 var ErrRunning = runtime.ErrRunning
 
-// ErrClosed is Run's error once the engine is closed.
+// ErrClosed is what Run and every method that reads or writes return
+// once Close has been called.
 var ErrClosed = errors.New("ferry: engine closed")
+
+// usable is ErrClosed once Close has begun: a method called after it
+// failed with whatever the closed database said ("sql: database is
+// closed"), which a caller could not tell apart.
+func (e *Engine) usable() error {
+	if e.shut.Load() {
+		return ErrClosed
+	}
+	return nil
+}
 
 // Drain makes waiting task claims return at once (empty); call it when the
 // HTTP server starts shutting down.
@@ -322,6 +337,7 @@ func (e *Engine) Nudge() { e.rt.Nudge() }
 // nothing and return the first's error.
 func (e *Engine) Close() error {
 	e.closed.Do(func() {
+		e.shut.Store(true)
 		e.runMu.Lock()
 		e.isClosed = true
 		e.runMu.Unlock()
@@ -340,6 +356,9 @@ func (e *Engine) Store() store.Store { return e.store }
 // when none exists yet and returns it (it is shown once: only its hash is
 // stored); otherwise it returns "".
 func (e *Engine) EnsureAPIKey(ctx context.Context, key string) (string, error) {
+	if err := e.usable(); err != nil {
+		return "", err
+	}
 	// A key read from a file (a Kubernetes secret, a .env line) often ends
 	// in a newline, which no Authorization header can carry: the key was
 	// registered and could never be used.
@@ -380,6 +399,9 @@ func Migrate(ctx context.Context, database string) error {
 // answers it: code invalid_workflow (422) with a detail per problem, located
 // by its JSON path, or invalid_json (400) for text that is not JSON or YAML.
 func (e *Engine) ApplyWorkflow(ctx context.Context, definition []byte) (id string, version int, err error) {
+	if err := e.usable(); err != nil {
+		return "", 0, err
+	}
 	def, err := spec.Parse(definition, e.limits)
 	if err != nil {
 		return "", 0, workflowErr(err)
@@ -402,6 +424,9 @@ func (e *Engine) ApplyWorkflow(ctx context.Context, definition []byte) (id strin
 // too_large or invalid_request for the input or key (details[0].path names
 // it).
 func (e *Engine) Trigger(ctx context.Context, workflow string, input json.RawMessage, idempotencyKey string) (runID string, err error) {
+	if err := e.usable(); err != nil {
+		return "", err
+	}
 	if err := checkTrigger(-1, input, idempotencyKey); err != nil {
 		return "", err
 	}
@@ -469,6 +494,9 @@ const MaxTriggerBatch = runtime.MaxTriggerBatch
 // Trigger's, an input's or key's located at inputs[N]; more than
 // MaxTriggerBatch inputs are refused as invalid_request at inputs.
 func (e *Engine) TriggerBatch(ctx context.Context, workflow string, inputs []TriggerInput) ([]Triggered, error) {
+	if err := e.usable(); err != nil {
+		return nil, err
+	}
 	if !spec.CleanText(workflow) {
 		return nil, workflowErr(fmt.Errorf("workflow %q: %w", workflow, store.ErrNotFound))
 	}

@@ -26,6 +26,9 @@ import (
 // CreateTask records a standalone task; a repeated IdempotencyKey returns
 // the first task and created=false.
 func (e *Engine) CreateTask(ctx context.Context, nt client.NewTask) (*client.Task, bool, error) {
+	if err := e.usable(); err != nil {
+		return nil, false, err
+	}
 	switch {
 	case nt.Type == "":
 		return nil, false, invalid("type", "type is required")
@@ -67,6 +70,9 @@ func noTask(id string) error {
 
 // GetTask returns a task.
 func (e *Engine) GetTask(ctx context.Context, id string) (*client.Task, error) {
+	if err := e.usable(); err != nil {
+		return nil, err
+	}
 	if err := noTask(id); err != nil {
 		return nil, err
 	}
@@ -80,6 +86,9 @@ func (e *Engine) GetTask(ctx context.Context, id string) (*client.Task, error) {
 // CancelTask cancels a task that has not finished; a leased task's worker
 // learns of it at its next heartbeat.
 func (e *Engine) CancelTask(ctx context.Context, id string) (*client.Task, error) {
+	if err := e.usable(); err != nil {
+		return nil, err
+	}
 	if err := noTask(id); err != nil {
 		return nil, err
 	}
@@ -94,6 +103,9 @@ func (e *Engine) CancelTask(ctx context.Context, id string) (*client.Task, error
 // most 60s) when none is ready. It returns early with ctx's error when ctx
 // ends.
 func (e *Engine) ClaimTasks(ctx context.Context, req client.ClaimRequest) ([]client.ClaimedTask, error) {
+	if err := e.usable(); err != nil {
+		return nil, err
+	}
 	rq, err := claimRequest(req)
 	if err != nil {
 		return nil, err
@@ -133,6 +145,9 @@ func (e *Engine) claimed(ctx context.Context, ts []*store.Task) []client.Claimed
 // Heartbeat extends a lease by lease (0 means 30s) and reports whether the
 // task was cancelled.
 func (e *Engine) Heartbeat(ctx context.Context, id, token string, lease time.Duration) (client.HeartbeatResult, error) {
+	if err := e.usable(); err != nil {
+		return client.HeartbeatResult{}, err
+	}
 	if err := noTask(id); err != nil {
 		return client.HeartbeatResult{}, err
 	}
@@ -155,6 +170,9 @@ func (e *Engine) Heartbeat(ctx context.Context, id, token string, lease time.Dur
 // CompleteTask records success with result (any JSON-encodable value; a
 // json.RawMessage is kept as is).
 func (e *Engine) CompleteTask(ctx context.Context, id, token string, result any) error {
+	if err := e.usable(); err != nil {
+		return err
+	}
 	if err := noTask(id); err != nil {
 		return err
 	}
@@ -171,6 +189,9 @@ func (e *Engine) CompleteTask(ctx context.Context, id, token string, result any)
 // next.Types (eager dispatch: the run's next step goes to this worker with
 // no claim in between). next.Wait is ignored.
 func (e *Engine) CompleteTaskAndClaim(ctx context.Context, id, token string, result any, next client.ClaimRequest) ([]client.ClaimedTask, error) {
+	if err := e.usable(); err != nil {
+		return nil, err
+	}
 	if err := noTask(id); err != nil {
 		return nil, err
 	}
@@ -224,6 +245,9 @@ func resultJSON(token string, result any) (json.RawMessage, error) {
 // FailTask records a failed attempt, retried with backoff when retryable and
 // attempts remain.
 func (e *Engine) FailTask(ctx context.Context, id, token, msg string, retryable bool) error {
+	if err := e.usable(); err != nil {
+		return err
+	}
 	if err := noTask(id); err != nil {
 		return err
 	}

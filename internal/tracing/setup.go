@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -55,6 +56,9 @@ func FromEnv(ctx context.Context, version string) (trace.TracerProvider, func(co
 			break // the traces' own setting wins
 		}
 	}
+	if err := checkSampler(); err != nil {
+		return nil, nil, err
+	}
 	var opts []otlptracehttp.Option
 	if !endpoint {
 		// The exporter's own default is https: a collector on the host
@@ -78,4 +82,27 @@ func FromEnv(ctx context.Context, version string) (trace.TracerProvider, func(co
 	}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 	return tp, tp.Shutdown, nil
+}
+
+// checkSampler refuses an OTEL_TRACES_SAMPLER the SDK does not take, or a
+// ratio that is not one, as a bad exporter or protocol is refused: the SDK
+// itself wrote a warning through Go's standard log (outside Ferry's log
+// format) and sampled every trace, a far higher load than the ratio asked
+// for.
+func checkSampler() error {
+	sampler := strings.ToLower(strings.TrimSpace(os.Getenv("OTEL_TRACES_SAMPLER")))
+	switch sampler {
+	case "", "always_on", "always_off", "parentbased_always_on", "parentbased_always_off":
+		return nil
+	case "traceidratio", "parentbased_traceidratio":
+		arg := strings.TrimSpace(os.Getenv("OTEL_TRACES_SAMPLER_ARG"))
+		if arg == "" {
+			return nil
+		}
+		if v, err := strconv.ParseFloat(arg, 64); err != nil || !(v >= 0 && v <= 1) {
+			return fmt.Errorf("%w: OTEL_TRACES_SAMPLER_ARG=%q: a ratio from 0 to 1", ErrConfig, arg)
+		}
+		return nil
+	}
+	return fmt.Errorf("%w: OTEL_TRACES_SAMPLER=%q: use always_on, always_off, traceidratio or their parentbased_ forms", ErrConfig, sampler)
 }

@@ -53,14 +53,21 @@ func TestFromEnvOffUnlessConfigured(t *testing.T) {
 	}
 }
 
-// TestFromEnvRefusesWhatItCannotHonour: exporters other than otlp and
-// protocols other than http/protobuf are errors, not silently ignored.
+// TestFromEnvRefusesWhatItCannotHonour: exporters other than otlp,
+// protocols other than http/protobuf and samplers the SDK does not take
+// are errors, not silently ignored.
 func TestFromEnvRefusesWhatItCannotHonour(t *testing.T) {
 	for _, env := range []map[string]string{
 		{"OTEL_TRACES_EXPORTER": "console"},
 		{"OTEL_TRACES_EXPORTER": "otlp,console"},
 		{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
 		{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"},
+		// Samplers the SDK does not take, and ratios that are none: the
+		// SDK logged them through Go's log and sampled every trace.
+		{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_TRACES_SAMPLER": "jaeger_remote"},
+		{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_TRACES_SAMPLER": "sometimes"},
+		{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "10%"},
+		{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "1.5"},
 	} {
 		clearEnv(t)
 		for k, v := range env {

@@ -11,7 +11,8 @@
 // Rules, in order:
 //
 //   - Link-local addresses (169.254.0.0/16, fe80::/10) and cloud metadata
-//     endpoints (169.254.169.254, fd00:ec2::254, 100.100.100.200) are always
+//     endpoints (169.254.169.254, fd00:ec2::254, 100.100.100.200, Azure's
+//     WireServer 168.63.129.16) are always
 //     refused, whatever the allow list says.
 //   - A connection is allowed if the dialled IP is inside an allowed CIDR or
 //     IP, or if the host name written in the URL (before resolution) is an

@@ -39,6 +39,10 @@ var (
 		netip.MustParseAddr("169.254.169.254"), // AWS, GCP, Azure, OpenStack, ...
 		netip.MustParseAddr("fd00:ec2::254"),   // AWS IMDS over IPv6
 		netip.MustParseAddr("100.100.100.200"), // Alibaba Cloud
+		// Azure's WireServer: a public address every Azure VM reaches
+		// (instance provisioning, health reports), so public-address
+		// rules alone let a workflow's URL at it.
+		netip.MustParseAddr("168.63.129.16"),
 	}
 	// linkLocal prefixes are refused even when the allow list covers them.
 	linkLocal = []netip.Prefix{

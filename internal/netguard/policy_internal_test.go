@@ -48,6 +48,10 @@ func TestControlRules(t *testing.T) {
 		{"0.0.0.0/0", "tcp4", "169.254.169.254:80", true, "cloud metadata"},
 		{"fd00::/8", "tcp6", "[fd00:ec2::254]:80", false, "cloud metadata"},
 		{"100.64.0.0/10", "tcp4", "100.100.100.200:80", false, "cloud metadata"},
+		// Azure's WireServer is a public address: refused all the same.
+		{"", "tcp4", "168.63.129.16:80", false, "cloud metadata"},
+		{"168.63.129.16", "tcp4", "168.63.129.16:32526", false, "cloud metadata"},
+		{"", "tcp4", "168.63.129.17:80", false, ""},
 		{"100.64.0.0/10", "tcp4", "100.100.100.201:80", false, ""},
 		{"169.254.0.0/16", "tcp4", "169.254.10.1:80", true, "link-local address is never allowed"},
 		{"fe80::/10", "tcp6", "[fe80::1%eth0]:80", true, "link-local"},

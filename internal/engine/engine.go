@@ -281,10 +281,15 @@ func redactRawURL(u string) string {
 	if !hasQuery {
 		return u
 	}
+	// As httpstep.RedactQuery (this package imports no step package): a
+	// parameter without a value is replaced whole, a token given as the
+	// key being the secret.
 	pairs := strings.Split(query, "&")
 	for i, p := range pairs {
-		if k, _, ok := strings.Cut(p, "="); ok || p != "" {
+		if k, _, ok := strings.Cut(p, "="); ok {
 			pairs[i] = k + "=REDACTED"
+		} else if p != "" {
+			pairs[i] = "REDACTED"
 		}
 	}
 	return u + "?" + strings.Join(pairs, "&")

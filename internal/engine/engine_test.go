@@ -814,7 +814,7 @@ func TestNextDecidesEachStepOnce(t *testing.T) {
 // step's error and its span's status, and a query often carries an API
 // key. It was quoted whole. (Found by an audit.)
 func TestRenderedURLErrorKeepsSecretsOut(t *testing.T) {
-	def := parse(t, `{"name":"u","tasks":{"a":{"url":"https://{{trigger.body.host}}/v1?api_key=SECRETKEY&x=1#SECRETKEY"}}}`)
+	def := parse(t, `{"name":"u","tasks":{"a":{"url":"https://{{trigger.body.host}}/v1?api_key=SECRETKEY&x=1&SECRETKEY#SECRETKEY"}}}`)
 	for _, host := range []string{"", "eu api.test", "api.test:44x3"} {
 		trig, _ := json.Marshal(map[string]string{"host": host})
 		d := decideAll(t, engine.Run{Def: def, TriggerBody: trig})["a"]

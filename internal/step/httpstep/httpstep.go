@@ -245,13 +245,24 @@ func RedactURL(raw string) string {
 	}
 	u.Fragment, u.RawFragment = "", ""
 	if u.RawQuery != "" {
-		q := u.Query()
-		for k := range q {
-			q[k] = []string{"REDACTED"}
-		}
-		u.RawQuery = q.Encode()
+		u.RawQuery = RedactQuery(u.RawQuery)
 	}
 	return u.String()
+}
+
+// RedactQuery is a URL's raw query with every value replaced by REDACTED,
+// and a parameter without one ("?sk_live_abc", a token given as the key)
+// replaced whole: keeping it, as a key, showed the secret.
+func RedactQuery(query string) string {
+	pairs := strings.Split(query, "&")
+	for i, p := range pairs {
+		if k, _, ok := strings.Cut(p, "="); ok {
+			pairs[i] = k + "=REDACTED"
+		} else if p != "" {
+			pairs[i] = "REDACTED"
+		}
+	}
+	return strings.Join(pairs, "&")
 }
 
 func ok2xx(code int) bool { return code >= 200 && code <= 299 }

@@ -293,8 +293,10 @@ func (w *Worker) claimTypes() []string {
 // Config.ShutdownTimeout, cancels the context of those still running,
 // reports every outcome and returns. It returns nil after a shutdown in
 // which every handler returned, or an error when the configuration is
-// unusable or a handler ignored its cancelled context (its task is then
-// abandoned: its lease expires and it is handed out again).
+// unusable, when the server refuses the API key (a 401 to a claim: the
+// worker then shuts down as at the end of ctx, and the error holds the
+// *client.APIError), or when a handler ignored its cancelled context (its
+// task is then abandoned: its lease expires and it is handed out again).
 func (w *Worker) Run(ctx context.Context) error {
 	if err := w.check(); err != nil {
 		return err
@@ -338,7 +340,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 	}
 	w.log.Info("worker started", "types", w.claimTypes(), "concurrency", w.cfg.Concurrency, "lease", w.cfg.Lease)
-	w.claimLoop(ctx, hctx, inflight, &wg, rep)
+	refused := w.claimLoop(ctx, hctx, inflight, &wg, rep)
 
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
@@ -350,7 +352,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	select {
 	case <-done:
 		w.log.Info("worker stopped")
-		return nil
+		return refused
 	case <-deadline.C:
 	}
 	hardStop(ErrShutdown)
@@ -360,11 +362,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	select {
 	case <-done:
 		w.log.Info("worker stopped")
-		return nil
+		return refused
 	case <-grace.C:
 		n := len(inflight)
 		w.log.Error("handlers ignored their cancelled context; abandoning their tasks", "in_flight", n)
-		return fmt.Errorf("worker: %d handler(s) still running %s after their context was cancelled; their tasks were abandoned", n, abandonGrace)
+		return errors.Join(refused, fmt.Errorf("worker: %d handler(s) still running %s after their context was cancelled; their tasks were abandoned", n, abandonGrace))
 	}
 }
 
@@ -394,18 +396,23 @@ func (w *Worker) check() error {
 
 // claimLoop claims while ctx lives, never holding more tasks than there are
 // slots in inflight. Claim errors back off (jittered, doubling up to 5s).
-func (w *Worker) claimLoop(ctx, hctx context.Context, inflight chan struct{}, wg *sync.WaitGroup, rep reporters) {
+//
+// It returns an error, and the worker stops as it does at the end of its
+// context, when the server refuses the API key (401): no later claim can
+// succeed, and backing off for ever only logged warnings while the
+// worker looked up.
+func (w *Worker) claimLoop(ctx, hctx context.Context, inflight chan struct{}, wg *sync.WaitGroup, rep reporters) error {
 	backoff := time.Duration(0)
 	for ctx.Err() == nil {
 		// Wait for a free slot, then take every other free one.
 		select {
 		case inflight <- struct{}{}:
 		case <-ctx.Done():
-			return
+			return nil
 		}
 		if ctx.Err() != nil { // both were ready
 			<-inflight
-			return
+			return nil
 		}
 		n := 1
 	more:
@@ -438,15 +445,19 @@ func (w *Worker) claimLoop(ctx, hctx context.Context, inflight chan struct{}, wg
 					// Shutting down: the rest start as slots free up, in
 					// the background, so that the shutdown timer runs.
 					w.startLater(ctx, hctx, tasks[i:], claimed, inflight, wg, rep)
-					return
+					return nil
 				}
 			}
 			w.startInSlot(ctx, hctx, ct, claimed, inflight, wg, rep)
 		}
 		var d time.Duration
+		var ae *client.APIError
 		switch {
 		case ctx.Err() != nil:
-			return
+			return nil
+		case errors.As(err, &ae) && ae.StatusCode == http.StatusUnauthorized:
+			w.log.Error("the server refused the API key; the worker stops", "err", err)
+			return fmt.Errorf("worker: the server refused the API key: %w", err)
 		case err == nil && (len(tasks) > 0 || claimed.Sub(polled) >= w.cfg.PollWait/2):
 			backoff = 0
 			continue
@@ -464,9 +475,10 @@ func (w *Worker) claimLoop(ctx, hctx context.Context, inflight chan struct{}, wg
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return
+			return nil
 		}
 	}
+	return nil
 }
 
 // startLater starts prefetched tasks as slots free up, until the

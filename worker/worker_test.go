@@ -1308,3 +1308,25 @@ func TestNilRawMessageResultRecordsNull(t *testing.T) {
 		}
 	})
 }
+
+// TestRunReturnsWhenTheKeyIsRefused: a worker whose API key the server
+// refuses (401) stops and Run returns an error saying so, with the
+// APIError inside; it backed off and logged warnings for ever while it
+// looked up to whoever supervised it.
+func TestRunReturnsWhenTheKeyIsRefused(t *testing.T) {
+	srv := ferrytest.Start(t)
+	w := newWorker(t, client.New(srv.URL, "fry_not_a_key"), worker.Config{Types: []string{"test.%"}, Lease: 5 * time.Second})
+	w.Handle("test.x.v1", func(ctx context.Context, task *worker.Task) (any, error) { return nil, nil })
+	ran := make(chan error, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { ran <- w.Run(ctx) }()
+	select {
+	case err := <-ran:
+		if !client.HasCode(err, client.CodeUnauthorized) || !strings.Contains(err.Error(), "refused the API key") {
+			t.Fatalf("Run: %v, want the refused key's 401", err)
+		}
+	case <-time.After(waitFor):
+		t.Fatal("Run went on with a key the server refuses")
+	}
+}

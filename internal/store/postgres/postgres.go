@@ -744,6 +744,11 @@ func takeMaxConns(dsn string) (string, int, error) {
 		return "", 0, fmt.Errorf("postgres: %w", urlError(err))
 	}
 	q := u.Query()
+	if len(q["ferry_max_conns"]) > 1 {
+		// Which one was meant is not for Ferry to guess (the second was
+		// silently ignored).
+		return "", 0, fmt.Errorf("postgres: ferry_max_conns is given %d times; give it once", len(q["ferry_max_conns"]))
+	}
 	v := q.Get("ferry_max_conns")
 	if v == "" {
 		return dsn, DefaultMaxConns, nil

@@ -506,6 +506,11 @@ func TestMaxConnsOption(t *testing.T) {
 	if _, err := postgres.Open(t.Context(), dsn+"&ferry_max_conns=zero"); err == nil {
 		t.Error("ferry_max_conns=zero accepted")
 	}
+	// Given twice, which one was meant is not guessed (the second was
+	// ignored).
+	if _, err := postgres.Open(t.Context(), dsn+"&ferry_max_conns=5&ferry_max_conns=500"); err == nil || !strings.Contains(err.Error(), "give it once") {
+		t.Errorf("ferry_max_conns given twice: %v, want refused", err)
+	}
 	d, err := postgres.Open(t.Context(), dsn)
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -174,6 +175,10 @@ type Worker struct {
 	mu       sync.Mutex
 	handlers map[string]registered
 	running  bool
+	// reporting counts the reports being sent (their handlers returned):
+	// at the shutdown deadline, the tasks still held are these as well
+	// as handlers still running, and the error says which.
+	reporting atomic.Int64
 }
 
 // registered is a handler and the name of its spans, made once: building
@@ -365,8 +370,18 @@ func (w *Worker) Run(ctx context.Context) error {
 		return refused
 	case <-grace.C:
 		n := len(inflight)
-		w.log.Error("handlers ignored their cancelled context; abandoning their tasks", "in_flight", n)
-		return errors.Join(refused, fmt.Errorf("worker: %d handler(s) still running %s after their context was cancelled; their tasks were abandoned", n, abandonGrace))
+		sending := min(int(w.reporting.Load()), n)
+		if running := n - sending; running > 0 {
+			w.log.Error("handlers ignored their cancelled context; abandoning their tasks", "in_flight", running)
+			refused = errors.Join(refused, fmt.Errorf("worker: %d handler(s) still running %s after their context was cancelled; their tasks were abandoned", running, abandonGrace))
+		}
+		if sending > 0 {
+			// Their handlers returned; the server did not take their
+			// outcomes (unreachable, or answering 5xx).
+			w.log.Error("outcomes not reported by the shutdown deadline; abandoning their tasks", "in_flight", sending)
+			refused = errors.Join(refused, fmt.Errorf("worker: %d finished task(s) whose outcome could not be reported by the shutdown deadline; their tasks were abandoned (handed out again when their leases expire)", sending))
+		}
+		return refused
 	}
 }
 
@@ -901,6 +916,8 @@ func (w *Worker) beatLoop(ctx context.Context, log taskLog, ct client.ClaimedTas
 // server restarting for a few seconds otherwise cost every completion
 // reported meanwhile, and their handlers ran again after the lease.
 func (w *Worker) report(log taskLog, what string, send func(ctx context.Context) error) error {
+	w.reporting.Add(1)
+	defer w.reporting.Add(-1)
 	delay := claimBackoffMin
 	start := time.Now()
 	for attempt := 1; ; attempt++ {

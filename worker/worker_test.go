@@ -16,6 +16,7 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/client"
 	"github.com/ferryhq/ferry/internal/ferrytest"
+	"github.com/ferryhq/ferry/internal/testwait"
 	"github.com/ferryhq/ferry/worker"
 )
 
@@ -1328,5 +1329,36 @@ func TestRunReturnsWhenTheKeyIsRefused(t *testing.T) {
 		}
 	case <-time.After(waitFor):
 		t.Fatal("Run went on with a key the server refuses")
+	}
+}
+
+// TestShutdownErrorSaysReportsWereNotDelivered: when the shutdown
+// deadline passes while a finished task's outcome is still being sent
+// (the server unreachable), Run's error says so; it said the handler had
+// ignored its cancelled context, which it had not.
+func TestShutdownErrorSaysReportsWereNotDelivered(t *testing.T) {
+	srv := ferrytest.Start(t)
+	c := client.New(srv.URL, srv.Key)
+	sp := newSpy(c)
+	for range cap(sp.completeErrs) {
+		sp.completeErrs <- errors.New("dial tcp: connection refused")
+	}
+	// A lease of 6 s: the report retries past the shutdown deadline and
+	// its grace (5.1 s), then gives up (five attempts and the lease's
+	// time), in the background.
+	// Its log goes nowhere: the abandoned report outlives the test.
+	w := newWorker(t, sp, worker.Config{Types: []string{"test.%"}, Lease: 6 * time.Second, ShutdownTimeout: 100 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	w.Handle("test.x.v1", func(ctx context.Context, task *worker.Task) (any, error) { return nil, nil })
+	if _, _, err := c.CreateTask(context.Background(), client.NewTask{Type: "test.x.v1"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- w.Run(ctx) }()
+	testwait.Until(t, waitFor, "the first report to fail", func() bool { return sp.completes.Load() > 0 })
+	cancel()
+	err := recv(t, ran, "Run")
+	if err == nil || !strings.Contains(err.Error(), "could not be reported") || strings.Contains(err.Error(), "still running") {
+		t.Errorf("Run: %v, want an error saying the outcome could not be reported", err)
 	}
 }

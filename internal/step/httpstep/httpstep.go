@@ -213,6 +213,13 @@ func failure(parent, attempt context.Context, err error) (error, bool) {
 	// events and its spans, which must not show it.
 	var ue *url.Error
 	if errors.As(err, &ue) {
+		if strings.HasPrefix(ue.Err.Error(), "failed to parse Location header") {
+			// A redirect whose Location is not a URL (net/http has no
+			// error type for it): the same answer comes every time, so it
+			// is final, and the Location, which may be a signed URL, is
+			// not quoted.
+			return fmt.Errorf("%s %s: the server redirected to a Location that is not a URL", ue.Op, RedactURL(ue.URL)), false
+		}
 		err = &url.Error{Op: ue.Op, URL: RedactURL(ue.URL), Err: ue.Err}
 	}
 	var denied *netguard.DeniedError

@@ -229,6 +229,10 @@ func TestClassification(t *testing.T) {
 			w.Header().Set("Location", "http:///x")
 			w.WriteHeader(http.StatusTemporaryRedirect)
 			return
+		case "/bad-location":
+			w.Header().Set("Location", "http://[::1?sig=SECRETSIG")
+			w.WriteHeader(http.StatusFound)
+			return
 		}
 		code, _ := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/status/"))
 		if ra := r.URL.Query().Get("retry_after"); ra != "" {
@@ -263,6 +267,7 @@ func TestClassification(t *testing.T) {
 		{name: "redirect to another scheme is the 302", path: "/to-app", wantStatus: 302},
 		{name: "redirect to ftp is the 301", path: "/to-ftp", wantStatus: 301},
 		{name: "redirect without a host is the 307", path: "/no-host", wantStatus: 307},
+		{name: "redirect to a Location that is not a URL is final", path: "/bad-location", wantErr: true},
 		{name: "304", path: "/status/304", wantStatus: 304},
 		{name: "400", path: "/status/400", wantStatus: 400},
 		{name: "404", path: "/status/404", wantStatus: 404},
@@ -287,6 +292,9 @@ func TestClassification(t *testing.T) {
 				u = srv.URL + tc.path
 			}
 			res := e.Do(ctxT(t), httpstep.Request{URL: u, Method: "GET", Timeout: tc.timeout})
+			if res.Err != nil && strings.Contains(res.Err.Error(), "SECRETSIG") {
+				t.Errorf("the error quotes the Location: %v", res.Err)
+			}
 			if res.StatusCode != tc.wantStatus || (res.Err != nil) != tc.wantErr ||
 				res.Retryable != tc.retryable || res.RetryAfter != tc.retryAfter {
 				t.Errorf("got status=%d err=%v retryable=%v retryAfter=%v; want status=%d err=%v retryable=%v retryAfter=%v",

@@ -208,6 +208,11 @@ func TestApply(t *testing.T) {
 	if got := ok(t, url, "delete", "nightly"); got != "workflow nightly deleted\n" {
 		t.Fatalf("delete: %q", got)
 	}
+	// With -o json, the API's data as JSON: a 204 has none (it printed
+	// the table form's sentence, which no JSON reader takes).
+	if got := ok(t, url, "delete", "order-processing", "-o", "json"); got != "" {
+		t.Fatalf("delete -o json: %q, want nothing", got)
+	}
 	r = ferryCLI(t, url, "workflow", "nightly")
 	if r.code != 1 || !strings.HasPrefix(r.stderr, "error: not_found: ") || r.stdout != "" {
 		t.Fatalf("show deleted: %+v", r)

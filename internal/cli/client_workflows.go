@@ -223,6 +223,9 @@ func deleteCmd(o *clientOpts) *cobra.Command {
 			if err := c.DeleteWorkflow(cmd.Context(), args[0]); err != nil {
 				return err
 			}
+			if o.json() {
+				return nil // the API answers 204: no data, so no output (the exit code says it)
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "workflow %s deleted\n", args[0])
 			return nil
 		},

@@ -21,7 +21,38 @@ func Open(path string) (*sqlstore.Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return open(path, syncerFor(path, sync))
+	return openSync(path, sync)
+}
+
+// openSync opens the store at path with its synchronous level (see
+// parseOptions).
+func openSync(path, sync string) (*sqlstore.Store, error) {
+	w, r, err := openPools(path, "NORMAL")
+	if err != nil {
+		return nil, err
+	}
+	// The write-ahead log and the -shm file are beside the file SQLite
+	// opened, not beside path as written: SQLite follows a symbolic link
+	// to the database. Ferry syncs that log and reads that -shm file.
+	file, err := mainFile(w)
+	if err != nil {
+		w.Close()
+		r.Close()
+		return nil, err
+	}
+	return openOn(file, w, r, syncerFor(file, sync)), nil
+}
+
+// mainFile is the database file SQLite opened, by its full path.
+func mainFile(w *sql.DB) (string, error) {
+	var file string
+	if err := w.QueryRow(`SELECT file FROM pragma_database_list WHERE name = 'main'`).Scan(&file); err != nil {
+		return "", fmt.Errorf("open sqlite: the database's file: %w", err)
+	}
+	if file == "" {
+		return "", fmt.Errorf("open sqlite: the database has no file")
+	}
+	return file, nil
 }
 
 // syncerFor is what makes commits durable at a synchronous level: the WAL
@@ -53,6 +84,11 @@ func open(path string, wal syncer) (*sqlstore.Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	return openOn(path, w, r, wal), nil
+}
+
+// openOn makes the store on the pools openPools opened on path.
+func openOn(path string, w, r *sql.DB, wal syncer) *sqlstore.Store {
 	var closers []func() error
 	var syncWAL func() error
 	if wal != nil {
@@ -76,7 +112,7 @@ func open(path string, wal syncer) (*sqlstore.Store, error) {
 	// SQLite has one writer: group many writers' requests into one
 	// transaction, and one disk sync.
 	st.EnableGroupCommit(GroupCommitMax, syncWAL)
-	return st, nil
+	return st
 }
 
 // walFile syncs the database's write-ahead log. fsync on any descriptor of
@@ -153,6 +189,9 @@ func parseOptions(path string) (string, string, error) {
 	return file, sync, nil
 }
 
+// uriPath escapes what a SQLite URI's path would read otherwise.
+var uriPath = strings.NewReplacer("%", "%25", "#", "%23", "?", "%3f")
+
 // GroupCommitMax is the most write requests committed together.
 const GroupCommitMax = 128
 
@@ -177,7 +216,9 @@ func openPools(path, sync string) (w, r *sql.DB, err error) {
 	for _, p := range pragmas {
 		q.Add("_pragma", p)
 	}
-	base := "file:" + path + "?" + q.Encode()
+	// A URI's path decodes %HH and ends at '#' ('?' cannot be in path:
+	// parseOptions cut there): escaped, the file opened is the one named.
+	base := "file:" + uriPath.Replace(path) + "?" + q.Encode()
 	wc, err := newConnector(base+"&_txlock=immediate&_pragma=wal_autocheckpoint("+strconv.Itoa(writerCheckpointFrames)+")", stmtCacheSize)
 	if err != nil {
 		return nil, nil, fmt.Errorf("open sqlite: %w", err)

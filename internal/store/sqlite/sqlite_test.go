@@ -1,6 +1,7 @@
 package sqlite_test
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -170,4 +171,41 @@ func BenchmarkClaimPastOtherType(b *testing.B) {
 		b.Fatal(err)
 	}
 	storetest.BenchClaimPastOtherType(b, s, s.DB(), 100_000)
+}
+
+// TestOpenTheFileNamed: the file written is the one named, and its writes
+// are synced, whatever its name holds ('#' ended a SQLite URI's path and
+// %41 was read as "A": another file, and "ferry.db#1" failed every write
+// for a write-ahead log it looked for beside the name) and through a
+// symbolic link (SQLite writes its log beside the link's target).
+func TestOpenTheFileNamed(t *testing.T) {
+	dir := t.TempDir()
+	target := filepath.Join(dir, "target.db")
+	if err := os.Symlink(target, filepath.Join(dir, "link.db")); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ name, file string }{
+		{"a#1.db", "a#1.db"},
+		{"b%41.db", "b%41.db"},
+		{"link.db", "target.db"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s, err := sqlite.Open(filepath.Join(dir, c.name))
+			if err != nil {
+				t.Fatalf("Open: %v", err)
+			}
+			defer s.Close()
+			if err := s.Migrate(t.Context()); err != nil {
+				t.Fatalf("Migrate: %v", err)
+			}
+			if err := s.AddAPIKey(t.Context(), "k", "hash-"+c.name); err != nil {
+				t.Fatalf("a write: %v", err)
+			}
+			for _, f := range []string{c.file, c.file + "-wal"} {
+				if fi, err := os.Lstat(filepath.Join(dir, f)); err != nil || !fi.Mode().IsRegular() {
+					t.Errorf("%s: %v, want the file SQLite wrote", f, err)
+				}
+			}
+		})
+	}
 }

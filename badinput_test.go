@@ -10,8 +10,6 @@ import (
 
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/client"
-	"github.com/ferryhq/ferry/internal/ferrytest"
-	"github.com/ferryhq/ferry/internal/store/postgres/pgtest"
 )
 
 // TestGoAPIRefusesWhatTheDatabasesCannotStore: the embedded Go API
@@ -23,12 +21,7 @@ func TestGoAPIRefusesWhatTheDatabasesCannotStore(t *testing.T) {
 	for _, db := range []string{"sqlite", "postgres"} {
 		t.Run(db, func(t *testing.T) {
 			t.Parallel()
-			var opts []func(*ferry.Config)
-			if db == "postgres" {
-				dsn := pgtest.DSN(t)
-				opts = append(opts, func(c *ferry.Config) { c.Database = dsn })
-			}
-			srv := ferrytest.Start(t, opts...)
+			srv := startOn(t, db)
 			e, ctx := srv.Engine, context.Background()
 			if _, _, err := client.New(srv.URL, srv.Key).ApplyWorkflow(ctx, "w", []byte(`{"name": "w", "tasks": {"a": {"sleep": "1h"}}}`)); err != nil {
 				t.Fatal(err)

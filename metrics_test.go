@@ -36,12 +36,7 @@ import (
 func TestMetrics(t *testing.T) {
 	for _, db := range []string{"sqlite", "postgres"} {
 		t.Run(db, func(t *testing.T) {
-			var opts []func(*ferry.Config)
-			if db == "postgres" {
-				dsn := pgtest.DSN(t)
-				opts = append(opts, func(c *ferry.Config) { c.Database = dsn })
-			}
-			srv := ferrytest.Start(t, opts...)
+			srv := startOn(t, db)
 			testMetrics(t, srv, db)
 		})
 	}

@@ -164,6 +164,17 @@ func TestEmbeddedUnknownIDOnPostgres(t *testing.T) {
 	}
 }
 
+// startOn starts a server on a fresh database of db ("sqlite", or
+// "postgres": a schema of its own) with opts, stopped when the test ends.
+func startOn(t *testing.T, db string, opts ...func(*ferry.Config)) *ferrytest.Server {
+	t.Helper()
+	if db == "postgres" {
+		dsn := pgtest.DSN(t)
+		opts = append(opts, func(c *ferry.Config) { c.Database = dsn })
+	}
+	return ferrytest.Start(t, opts...)
+}
+
 // TestEmbeddedWorkflowRefusalsAsHTTP: ApplyWorkflow, Trigger and
 // TriggerBatch refuse as the HTTP API does, with a *client.APIError of
 // the same status, code and details[0].path, on both databases. (An
@@ -174,12 +185,7 @@ func TestEmbeddedWorkflowRefusalsAsHTTP(t *testing.T) {
 	for _, db := range []string{"sqlite", "postgres"} {
 		t.Run(db, func(t *testing.T) {
 			t.Parallel()
-			var opts []func(*ferry.Config)
-			if db == "postgres" {
-				dsn := pgtest.DSN(t)
-				opts = append(opts, func(c *ferry.Config) { c.Database = dsn })
-			}
-			srv := ferrytest.Start(t, opts...)
+			srv := startOn(t, db)
 			e, ctx := srv.Engine, context.Background()
 			c := client.New(srv.URL, srv.Key)
 			if _, _, err := e.ApplyWorkflow(ctx, []byte(`{"name": "off", "enabled": false, "tasks": {"a": {"sleep": "1h"}}}`)); err != nil {

@@ -19,7 +19,6 @@ import (
 	"github.com/ferryhq/ferry"
 	"github.com/ferryhq/ferry/client"
 	"github.com/ferryhq/ferry/internal/ferrytest"
-	"github.com/ferryhq/ferry/internal/store/postgres/pgtest"
 	"github.com/ferryhq/ferry/internal/testwait"
 )
 
@@ -36,12 +35,7 @@ func TestTracing(t *testing.T) {
 			exp := tracetest.NewInMemoryExporter()
 			tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 			t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-			opts := []func(*ferry.Config){func(c *ferry.Config) { c.TracerProvider = tp }}
-			if db == "postgres" {
-				dsn := pgtest.DSN(t)
-				opts = append(opts, func(c *ferry.Config) { c.Database = dsn })
-			}
-			testTracing(t, ferrytest.Start(t, opts...), exp)
+			testTracing(t, startOn(t, db, func(c *ferry.Config) { c.TracerProvider = tp }), exp)
 		})
 	}
 }

@@ -5,11 +5,9 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/ferryhq/ferry/internal/store/sqlite"
 	"github.com/ferryhq/ferry/internal/store/sqlstore"
 )
 
@@ -28,14 +26,7 @@ func (s stopped) WriteError() error { return s.err }
 // every write failed until a restart, so a load balancer kept sending
 // work to the server.
 func TestHealthzWhenWritesStopped(t *testing.T) {
-	st, err := sqlite.Open(filepath.Join(t.TempDir(), "h.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	if err := st.Migrate(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	st := keyedStore(t, "k")
 	get := func(s *Server) (int, map[string]any) {
 		rec := httptest.NewRecorder()
 		s.ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))

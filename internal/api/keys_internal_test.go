@@ -9,25 +9,34 @@ import (
 	"time"
 
 	"github.com/ferryhq/ferry/internal/store/sqlite"
+	"github.com/ferryhq/ferry/internal/store/sqlstore"
 )
+
+// keyedStore is a fresh, migrated SQLite store holding the API key key,
+// closed when the test ends.
+func keyedStore(t *testing.T, key string) *sqlstore.Store {
+	t.Helper()
+	st, err := sqlite.Open(filepath.Join(t.TempDir(), "k.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if err := st.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.AddAPIKey(t.Context(), "t", HashKey(key)); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
 
 // TestRevokedKeyStopsWorking: a key whose row is deleted (how a key is
 // revoked) stops being accepted once its verification is older than the
 // recheck, without a restart. (Found by an audit: verified keys were
 // kept for the process's life.)
 func TestRevokedKeyStopsWorking(t *testing.T) {
-	st, err := sqlite.Open(filepath.Join(t.TempDir(), "k.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := keyedStore(t, "fry_secret")
 	ctx := context.Background()
-	if err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.AddAPIKey(ctx, "t", HashKey("fry_secret")); err != nil {
-		t.Fatal(err)
-	}
 	s := New(Config{Store: st})
 	if ok, err := s.checkKey(ctx, "fry_secret"); !ok || err != nil {
 		t.Fatalf("a stored key: %v %v", ok, err)
@@ -49,19 +58,7 @@ func TestRevokedKeyStopsWorking(t *testing.T) {
 // (RFC 6750); a request that says "bearer <key>" was refused as sending
 // no key.
 func TestAuthorizationScheme(t *testing.T) {
-	st, err := sqlite.Open(filepath.Join(t.TempDir(), "k.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	ctx := context.Background()
-	if err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.AddAPIKey(ctx, "t", HashKey("fry_secret")); err != nil {
-		t.Fatal(err)
-	}
-	s := New(Config{Store: st})
+	s := New(Config{Store: keyedStore(t, "fry_secret")})
 	for h, want := range map[string]int{
 		"Bearer fry_secret":  http.StatusOK,
 		"bearer fry_secret":  http.StatusOK,

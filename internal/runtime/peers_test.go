@@ -12,16 +12,22 @@ import (
 	"github.com/ferryhq/ferry/internal/testwait"
 )
 
-// openPeer opens another server's store on the schema of dsn, closed when
-// the test ends.
-func openPeer(t *testing.T, dsn string) *postgres.Store {
+// twoPeers opens two servers on one fresh Postgres schema, closed when
+// the test ends; bs is the second's store.
+func twoPeers(t *testing.T) (a, b *env, bs *postgres.Store) {
 	t.Helper()
-	s, err := postgres.Open(t.Context(), dsn)
-	if err != nil {
-		t.Fatalf("postgres.Open: %v", err)
+	dsn := pgtest.DSN(t)
+	open := func() *postgres.Store {
+		s, err := postgres.Open(t.Context(), dsn)
+		if err != nil {
+			t.Fatalf("postgres.Open: %v", err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return s
 	}
-	t.Cleanup(func() { _ = s.Close() })
-	return s
+	a = newEnv(t, open())
+	bs = open()
+	return a, newEnv(t, bs), bs
 }
 
 // TestPeerTaskWakesWaitingClaim: on Postgres, a task created through one
@@ -32,11 +38,7 @@ func openPeer(t *testing.T, dsn string) *postgres.Store {
 // listener's wake-ups for everything (what Run would answer by waking every
 // claim) must not come, so only the told path can wake it.
 func TestPeerTaskWakesWaitingClaim(t *testing.T) {
-	dsn := pgtest.DSN(t)
-	open := func() *postgres.Store { return openPeer(t, dsn) }
-	a := newEnv(t, open())
-	bs := open()
-	b := newEnv(t, bs)
+	a, b, bs := twoPeers(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	everything := bs.Wakeups(ctx) // b's listener, without Run
 	t.Cleanup(func() {
@@ -88,11 +90,7 @@ func TestPeerTaskWakesWaitingClaim(t *testing.T) {
 // entry never would. (The second went on handing the type's tasks out for
 // up to a second.)
 func TestPeerDisabledTypeStopsHandOversAtOnce(t *testing.T) {
-	dsn := pgtest.DSN(t)
-	open := func() *postgres.Store { return openPeer(t, dsn) }
-	a := newEnv(t, open())
-	bs := open()
-	b := newEnv(t, bs)
+	a, b, bs := twoPeers(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	ran := make(chan error, 1)
 	go func() { ran <- b.rt.Run(ctx) }()

@@ -926,7 +926,7 @@ func (r *Runtime) DeliverWebhook(ctx context.Context, token string, payload []by
 		if s.Status == status.StepWaiting && s.WakeAt != nil && !now.Before(*s.WakeAt) {
 			return fmt.Errorf("step %s timed out at %s and no longer accepts callbacks: %w", name, s.WakeAt.UTC().Format(time.RFC3339), ErrStepFinished)
 		}
-		if !run.ExpiresAt.IsZero() && !now.Before(run.ExpiresAt) {
+		if pastExpiry(run, now) {
 			// As once the expiry is applied: the run's unfinished steps
 			// are cancelled, so the step no longer accepts a callback.
 			return fmt.Errorf("step %s: its run exceeded max_duration at %s, and the step no longer accepts callbacks: %w", name, run.ExpiresAt.UTC().Format(time.RFC3339), ErrStepFinished)
